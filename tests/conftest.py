@@ -66,23 +66,42 @@ def hf_greedy(model, ids: torch.Tensor, max_new_tokens: int, eos=None) -> torch.
 
 
 class OracleDrafter:
-    """Proposes the known true continuation, with a wrong token injected at random offsets."""
+    """Proposes the known true continuation. With `inject=True` each round gets one wrong token
+    at an offset drawn uniformly from 0..k (k = no error), so every acceptance length occurs."""
 
-    def __init__(self, continuation: list[int], vocab: int, error_rate: float, seed: int = 0):
+    def __init__(self, continuation: list[int], vocab: int, inject: bool = True, seed: int = 0):
         self.cont = continuation
         self.vocab = vocab
-        self.error_rate = error_rate
+        self.inject = inject
         self.rng = random.Random(seed)
-        self.offsets: list[int] = []
 
     def propose(self, inp: DraftInput, k: int, sampling: SamplingConfig, generator) -> Draft:
-        done = inp.tokens.shape[1]  # prompt + accepted; index of the first draft in `cont`
-        out = []
-        for i in range(k):
-            pos = done + i
-            tok = self.cont[pos] if pos < len(self.cont) else 0
-            if self.rng.random() < self.error_rate:
-                tok = (tok + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
-                self.offsets.append(i)
-            out.append(tok)
+        done = inp.tokens.shape[1]  # prompt + accepted = index of the first draft in `cont`
+        out = [self.cont[done + i] if done + i < len(self.cont) else 0 for i in range(k)]
+        if self.inject:
+            at = self.rng.randrange(k + 1)
+            if at < k:
+                out[at] = (out[at] + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
         return Draft(tokens=torch.tensor(out, dtype=torch.long))
+
+
+def save_tiny_model_dir(path, family: str = "llama"):
+    """A tiny model plus a word-level tokenizer with a chat template, saved as a local
+    directory the CLI can load like any Hugging Face checkpoint (no network)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "<unk>", "<eos>"]
+    vocab = {t: i for i, t in enumerate(specials + [f"w{i}" for i in range(4, 97)])}
+    tk = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>", bos_token="<s>",
+                                  eos_token="<eos>")
+    tok.chat_template = "{% for m in messages %}w4 {{ m['content'] }} w5 {% endfor %}{% if add_generation_prompt %}w6{% endif %}"
+    model = tiny_model(family)
+    model.generation_config.eos_token_id = 3
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return model, tok

@@ -124,5 +124,38 @@ def generate(
     typer.echo(line, err=False)
 
 
+@app.command()
+@user_errors
+def data(
+    out: Path = typer.Option(..., "--out", "-o", help="Output directory (resumes if it holds a partial run)."),
+    target: str = typer.Option(None, "--target", "-t", help="Local model dir or .gguf [default: embedded SmolLM2]."),
+    num_samples: int = typer.Option(2000, "--num-samples"),
+    batch_size: int = typer.Option(32, "--batch-size"),
+    max_prompt_tokens: int = typer.Option(96, "--max-prompt-tokens"),
+    max_response_tokens: int = typer.Option(256, "--max-response-tokens"),
+    prompt_temperature: float = typer.Option(1.0, "--prompt-temperature"),
+    response_temperature: float = typer.Option(0.0, "--response-temperature", help="0 = greedy responses."),
+    task_share: float = typer.Option(0.8, "--task-share", help="Share of user turns seeded with an on-device task opener."),
+    prompts_file: str = typer.Option(None, "--prompts-file", help="Extra prompts: .jsonl or .txt."),
+    corpus: str = typer.Option(None, "--corpus", help="Extra raw-text corpus (plain text)."),
+    seed: int = typer.Option(0, "--seed"),
+    threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch default)."),
+) -> None:
+    """Write self-distillation data: the target's own prompts and responses, as token shards."""
+    import torch
+
+    from .data import DataConfig, generate_data
+    from .models import load_target
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = DataConfig(num_samples=num_samples, batch_size=batch_size, max_prompt_tokens=max_prompt_tokens,
+                     max_response_tokens=max_response_tokens, prompt_temperature=prompt_temperature,
+                     response_temperature=response_temperature, task_share=task_share, seed=seed)
+    loaded = load_target(target)
+    m = generate_data(loaded.model, loaded.tokenizer, out, cfg, prompts_file, corpus)
+    typer.echo(f"{m['num_samples']} samples, {m['num_tokens']} tokens in {m['num_shards']} shards at {out}")
+
+
 def main() -> None:  # pragma: no cover
     app()

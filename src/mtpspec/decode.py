@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .config import SamplingConfig
-from .draft import DraftInput, Drafter
+from .draft import Drafter, DraftInput
 from .errors import InputError
 from .sampling import make_generator, probs_from_logits, sample
 from .target import Target

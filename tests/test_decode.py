@@ -1,0 +1,153 @@
+"""The decode loop is lossless: speculative greedy output equals HF greedy output, token for
+token, for every supported family, draft length, prompt length, EOS and max_new_tokens cut."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FAMILIES, OracleDrafter, hf_greedy, tiny_model
+
+import mtpspec
+
+
+def _prompt(length: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, 97, (1, length), generator=g)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_head_greedy_equals_hf_greedy(family, k):
+    model = tiny_model(family)
+    head = mtpspec.MTPHead.for_target(model)
+    for length in (1, 7, 300):
+        ids = _prompt(length, seed=length)
+        ref = hf_greedy(model, ids, 30, eos=[])
+        out = mtpspec.generate(model, head, ids, max_new_tokens=30, num_draft_tokens=k, eos_token_id=[])
+        assert torch.equal(out.sequences, ref), (family, k, length)
+        assert out.stats.new_tokens == 30
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_oracle_with_errors_equals_hf_greedy(family, k):
+    """An oracle that proposes the true continuation with errors at random offsets exercises
+    every acceptance length and every rollback offset."""
+    model = tiny_model(family)
+    hist = [0] * (k + 1)
+    for seed, length in enumerate((1, 5, 40, 200)):
+        ids = _prompt(length, seed)
+        ref = hf_greedy(model, ids, 64, eos=[])
+        oracle = OracleDrafter(ref[0].tolist(), vocab=97, seed=seed)
+        out = mtpspec.generate(model, oracle, ids, max_new_tokens=64, num_draft_tokens=k, eos_token_id=[])
+        assert torch.equal(out.sequences, ref), (family, k, length)
+        hist = [a + b for a, b in zip(hist, out.stats.accept_hist)]
+    # every acceptance length 0..k occurred at least once across the prompts
+    assert all(h > 0 for h in hist), hist
+
+
+def test_perfect_oracle_accepts_everything():
+    model = tiny_model("llama")
+    ids = _prompt(9, 0)
+    ref = hf_greedy(model, ids, 41, eos=[])
+    out = mtpspec.generate(model, OracleDrafter(ref[0].tolist(), 97, inject=False), ids, max_new_tokens=41,
+                           num_draft_tokens=4, eos_token_id=[])
+    assert torch.equal(out.sequences, ref)
+    # 1 prefill token + 8 rounds of 5 tokens
+    assert out.stats.rounds == 8 and out.stats.mean_accepted == 5.0
+    assert out.stats.target_forwards == 9
+
+
+def _eos_case():
+    """A prompt and an EOS id that its greedy continuation first emits at offset >= 3: the
+    token found there is declared the EOS (also in the model's generation config)."""
+    model = tiny_model("llama")
+    ids = _prompt(6, 0)
+    cont = hf_greedy(model, ids, 40, eos=[])[0, 6:].tolist()
+    at = next(i for i in range(3, 40) if cont[i] not in cont[:i])
+    model.generation_config.eos_token_id = cont[at]
+    return model, ids, at, cont[at]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_eos_inside_an_accepted_run(k):
+    model, ids, at, eos = _eos_case()
+    ref = hf_greedy(model, ids, 40, eos=eos)
+    assert ref.shape[1] == 6 + at + 1 and ref[0, -1] == eos
+    full = hf_greedy(model, ids, 40, eos=[])[0].tolist()
+    # The oracle proposes past the EOS: generation must still stop right after it.
+    for eos_arg in (eos, [eos, 96], None):  # an int, a list, the generation config's default
+        out = mtpspec.generate(model, OracleDrafter(full, 97, inject=False), ids, max_new_tokens=40,
+                               num_draft_tokens=k, eos_token_id=eos_arg)
+        assert torch.equal(out.sequences, ref), eos_arg
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 5, 6, 7, 13])
+def test_max_new_tokens_reached_mid_draft(max_new):
+    model = tiny_model("qwen2")
+    ids = _prompt(8, 1)
+    ref = hf_greedy(model, ids, max_new, eos=[])
+    out = mtpspec.generate(model, OracleDrafter(ref[0].tolist() + [0] * 20, 97, inject=False), ids,
+                           max_new_tokens=max_new, num_draft_tokens=4, eos_token_id=[])
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.new_tokens == max_new
+
+
+def test_k_zero_is_plain_decoding():
+    model = tiny_model("llama")
+    ids = _prompt(5, 2)
+    ref = hf_greedy(model, ids, 20, eos=[])
+    for drafter in (None, mtpspec.MTPHead.for_target(model)):
+        out = mtpspec.generate(model, drafter, ids, max_new_tokens=20, num_draft_tokens=0, eos_token_id=[])
+        assert torch.equal(out.sequences, ref)
+        assert out.stats.mean_accepted == 1.0 and out.stats.target_forwards == 20
+
+
+def test_target_weights_bit_identical_after_generation():
+    model = tiny_model("llama")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    head = mtpspec.MTPHead.for_target(model)
+    mtpspec.generate(model, head, _prompt(10, 3), max_new_tokens=20, num_draft_tokens=3)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_stats_are_consistent():
+    model = tiny_model("llama")
+    ids = _prompt(5, 4)
+    ref = hf_greedy(model, ids, 30, eos=[])
+    out = mtpspec.generate(model, OracleDrafter(ref[0].tolist(), 97, seed=1), ids, max_new_tokens=30,
+                           num_draft_tokens=3, eos_token_id=[])
+    s = out.stats
+    assert sum(s.accept_hist) == s.rounds == s.target_forwards - 1
+    assert s.new_tokens == 30
+    assert s.mean_accepted == pytest.approx(sum((n + 1) * c for n, c in enumerate(s.accept_hist)) / s.rounds)
+    assert len(s.position_acceptance) == 3 and all(0 <= r <= 1 for r in s.position_acceptance)
+    assert s.draft_s >= 0 and s.verify_s > 0 and s.to_dict()["mean_accepted"] > 1.0
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (torch.zeros(2, 4, dtype=torch.long), "batch size 1"),
+        (torch.zeros(1, 0, dtype=torch.long), "T >= 1"),
+        (torch.full((1, 3), 500), "outside the target's vocabulary"),
+        (torch.zeros(1, 3), "integer"),
+    ],
+)
+def test_bad_input_raises_clear_error(bad, match):
+    model = tiny_model("llama")
+    with pytest.raises(mtpspec.InputError, match=match):
+        mtpspec.generate(model, None, bad, max_new_tokens=3)
+
+
+def test_bad_settings_raise_clear_error():
+    model = tiny_model("llama")
+    ids = _prompt(3, 0)
+    with pytest.raises(mtpspec.InputError, match="max_new_tokens"):
+        mtpspec.generate(model, None, ids, max_new_tokens=0)
+    with pytest.raises(mtpspec.InputError, match="num_draft_tokens"):
+        mtpspec.generate(model, None, ids, num_draft_tokens=-1)
+    with pytest.raises(mtpspec.InputError, match="temperature"):
+        mtpspec.generate(model, None, ids, temperature=-1.0)

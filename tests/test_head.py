@@ -1,0 +1,139 @@
+"""The head is zero-copy and self-describing: it shares the target's embedding and LM head,
+holds nothing that grows with the context, and refuses to load beside another target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_model
+from transformers import GPT2Config, GPT2LMHeadModel
+
+import mtpspec
+from mtpspec import HeadConfig, MTPHead, Target
+
+
+def _tensors(head: MTPHead) -> dict[str, torch.Size]:
+    d = {f"p:{n}": p.shape for n, p in head.named_parameters()}
+    d.update({f"b:{n}": b.shape for n, b in head.named_buffers()})
+    return d
+
+
+def test_head_shares_embedding_norm_and_lm_head_storage():
+    model = tiny_model("llama")
+    head = MTPHead.for_target(model)
+    assert head.target.embed.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert head.target.lm_head.weight.data_ptr() == model.lm_head.weight.data_ptr()
+    assert head.target.final_norm is model.model.norm
+    # none of the target's tensors is a parameter or buffer of the head, or saved with it
+    target_ptrs = {t.data_ptr() for t in model.state_dict().values()}
+    assert not target_ptrs & {t.data_ptr() for t in head.state_dict().values()}
+    assert head.num_parameters() == sum(p.numel() for p in head.parameters())
+    assert head.inference_bytes() == sum(p.numel() * 4 for p in head.parameters())
+
+
+def test_head_holds_nothing_that_grows_with_the_context():
+    model = tiny_model("llama")
+    head = MTPHead.for_target(model)
+    before = _tensors(head)
+    attrs_before = set(vars(head))
+    mtpspec.generate(model, head, torch.randint(4, 97, (1, 400)), max_new_tokens=40, num_draft_tokens=4)
+    assert _tensors(head) == before
+    assert set(vars(head)) == attrs_before
+    # the head's size does not depend on the target's context length at all
+    long_model = tiny_model("llama", max_position_embeddings=8192)
+    assert MTPHead.for_target(long_model).num_parameters() == head.num_parameters()
+
+
+def test_draft_vocab_buffer_is_counted_and_drafts_map_back():
+    model = tiny_model("llama")
+    ids = torch.tensor([5, 9, 17, 40, 41, 60, 70, 96])
+    head = MTPHead.for_target(model, HeadConfig(draft_vocab_size=8), draft_ids=ids)
+    extra = head.draft_weight.numel() * 4 + ids.numel() * 8
+    assert head.inference_bytes() == head.num_parameters() * 4 + extra
+    out = mtpspec.generate(model, head, torch.randint(4, 97, (1, 5)), max_new_tokens=20, num_draft_tokens=3,
+                           eos_token_id=[])
+    assert out.sequences.shape == (1, 25)
+    from mtpspec import DraftInput, SamplingConfig
+
+    cache = Target(model).new_cache()
+    step = Target(model).forward(torch.tensor([[4, 5, 6]]), cache)
+    d = head.propose(DraftInput(torch.tensor([[4, 5, 6, 7]]), step.hidden[:, -1], cache), 5, SamplingConfig(), None)
+    assert set(d.tokens.tolist()) <= set(ids.tolist())
+
+
+def test_save_load_round_trip(tmp_path):
+    model = tiny_model("qwen3")
+    head = MTPHead.for_target(model, HeadConfig(num_blocks=2, hidden_layers=(-2, -1), mlp_ratio=1.0))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+    head.recommended_k = 5
+    head.save_pretrained(tmp_path)
+    meta = json.loads((tmp_path / "mtp_head.json").read_text())
+    assert meta["target"]["architecture"] == "qwen3" and meta["target"]["vocab_size"] == 97
+    loaded = MTPHead.from_pretrained(tmp_path, model)
+    assert loaded.config == head.config and loaded.recommended_k == 5
+    for (n, a), (_, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), n
+    ids = torch.randint(4, 97, (1, 9))
+    a = mtpspec.generate(model, head, ids, max_new_tokens=12, num_draft_tokens=3)
+    b = mtpspec.generate(model, loaded, ids, max_new_tokens=12, num_draft_tokens=3)
+    assert a.stats.accept_hist == b.stats.accept_hist
+
+
+def test_loading_beside_a_different_target_fails(tmp_path):
+    MTPHead.for_target(tiny_model("llama", seed=0)).save_pretrained(tmp_path)
+    with pytest.raises(mtpspec.HeadMismatchError, match="embedding_fingerprint"):
+        MTPHead.from_pretrained(tmp_path, tiny_model("llama", seed=1))
+    with pytest.raises(mtpspec.HeadMismatchError, match="hidden_size"):
+        MTPHead.from_pretrained(tmp_path, tiny_model("llama", hidden_size=48))
+    with pytest.raises(mtpspec.HeadMismatchError, match="architecture"):
+        MTPHead.from_pretrained(tmp_path, tiny_model("qwen2"))
+
+
+def test_fingerprint_survives_bf16():
+    model = tiny_model("llama")
+    fp32 = Target(model).identity().embedding_fingerprint
+    assert Target(tiny_model("llama").to(torch.bfloat16)).identity().embedding_fingerprint == fp32
+
+
+def test_missing_head_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(mtpspec.InputError, match="not a saved mtpspec head"):
+        MTPHead.from_pretrained(tmp_path / "nope", tiny_model("llama"))
+
+
+def test_unsupported_architecture_is_refused():
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
+    with pytest.raises(mtpspec.UnsupportedModelError, match=r"GPT2LMHeadModel.*Supported: Llama"):
+        MTPHead.for_target(gpt2)
+    with pytest.raises(mtpspec.UnsupportedModelError, match="gpt2"):
+        mtpspec.generate(gpt2, None, torch.tensor([[1, 2]]))
+
+
+def test_sliding_window_mistral_is_refused():
+    with pytest.raises(mtpspec.UnsupportedModelError, match="sliding_window"):
+        Target(tiny_model("mistral", sliding_window=16))
+
+
+def test_bad_head_config_is_refused():
+    with pytest.raises(mtpspec.InputError, match="num_blocks"):
+        HeadConfig(num_blocks=0)
+    with pytest.raises(mtpspec.InputError, match="out of range"):
+        MTPHead.for_target(tiny_model("llama"), HeadConfig(kv_layer=5))
+    with pytest.raises(mtpspec.InputError, match="Unknown HeadConfig"):
+        HeadConfig.from_dict({"bogus": 1})
+
+
+def test_bf16_target_runs_and_matches_its_own_greedy():
+    model = tiny_model("llama").to(torch.bfloat16)
+    head = MTPHead.for_target(model)
+    assert next(head.parameters()).dtype == torch.bfloat16
+    ids = torch.randint(4, 97, (1, 7))
+    plain = mtpspec.generate(model, None, ids, max_new_tokens=16, num_draft_tokens=0, eos_token_id=[])
+    spec = mtpspec.generate(model, head, ids, max_new_tokens=16, num_draft_tokens=3, eos_token_id=[])
+    # bf16 verify over several tokens may round differently from one token at a time; the
+    # exactness guarantee is stated (and tested) in float32. Here: it runs and is mostly equal.
+    same = (plain.sequences == spec.sequences).float().mean()
+    assert same > 0.5
