@@ -105,3 +105,23 @@ def save_tiny_model_dir(path, family: str = "llama"):
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return model, tok
+
+
+def write_tiny_data(model, data_dir, n: int = 24, prompt_len: int = 6, new: int = 40, seed: int = 0):
+    """A data directory of the tiny target's own greedy continuations of random prompts, in
+    the format `mtpspec data` writes."""
+    from pathlib import Path
+
+    from mtpspec.data import _save_manifest, _write_shard
+
+    d = Path(data_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for _ in range(n):
+        p = torch.randint(4, 97, (1, prompt_len), generator=g)
+        samples.append((hf_greedy(model, p, new, eos=[])[0].tolist(), prompt_len))
+    _write_shard(d / "shard_00000.safetensors", samples)
+    _save_manifest(d, {"target": {}, "settings": {"tiny": True}, "num_samples": n, "num_shards": 1,
+                       "num_tokens": n * (prompt_len + new), "prompts_consumed": n, "prompt_hashes": []})
+    return d

@@ -139,6 +139,7 @@ def data(
     prompts_file: str = typer.Option(None, "--prompts-file", help="Extra prompts: .jsonl or .txt."),
     corpus: str = typer.Option(None, "--corpus", help="Extra raw-text corpus (plain text)."),
     seed: int = typer.Option(0, "--seed"),
+    dtype: str = typer.Option("bf16", "--dtype", help="Generation dtype: bf16 (fast batched on modern CPUs) or fp32."),
     threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch default)."),
 ) -> None:
     """Write self-distillation data: the target's own prompts and responses, as token shards."""
@@ -152,9 +153,78 @@ def data(
     cfg = DataConfig(num_samples=num_samples, batch_size=batch_size, max_prompt_tokens=max_prompt_tokens,
                      max_response_tokens=max_response_tokens, prompt_temperature=prompt_temperature,
                      response_temperature=response_temperature, task_share=task_share, seed=seed)
-    loaded = load_target(target)
+    loaded = load_target(target, dtype)
     m = generate_data(loaded.model, loaded.tokenizer, out, cfg, prompts_file, corpus)
     typer.echo(f"{m['num_samples']} samples, {m['num_tokens']} tokens in {m['num_shards']} shards at {out}")
+
+
+@app.command()
+@user_errors
+def train(
+    data_dir: Path = typer.Option(..., "--data", "-d", help="Directory written by `mtpspec data`."),
+    out: Path = typer.Option(..., "--out", "-o", help="Run directory: activations/, checkpoint.pt, metrics.jsonl, head/."),
+    target: str = typer.Option(None, "--target", "-t", help="Local model dir or .gguf [default: embedded SmolLM2]."),
+    drafter: str = typer.Option("mtp", "--drafter", help="mtp (the head) or independent (baseline draft LM)."),
+    num_steps: int = typer.Option(5, "--num-steps", help="Draft steps unrolled in training."),
+    epochs: int = typer.Option(2, "--epochs"),
+    batch_size: int = typer.Option(16, "--batch-size"),
+    lr: float = typer.Option(1e-3, "--lr"),
+    warmup_steps: int = typer.Option(50, "--warmup-steps"),
+    weight_decay: float = typer.Option(0.0, "--weight-decay"),
+    clip: float = typer.Option(1.0, "--clip"),
+    bf16: bool = typer.Option(True, "--bf16/--no-bf16", help="bf16 autocast for the drafter's training."),
+    holdout: float = typer.Option(0.05, "--holdout"),
+    eval_every: int = typer.Option(50, "--eval-every"),
+    save_every: int = typer.Option(50, "--save-every"),
+    label_weight: float = typer.Option(0.1, "--label-weight"),
+    indep_hidden: int = typer.Option(64, "--indep-hidden"),
+    indep_layers: int = typer.Option(2, "--indep-layers"),
+    seed: int = typer.Option(0, "--seed"),
+    hidden_layers: str = typer.Option("-1", "--hidden-layers", help="Comma-separated target layers the head reads."),
+    kv_layer: int = typer.Option(-1, "--kv-layer"),
+    num_blocks: int = typer.Option(1, "--num-blocks"),
+    mlp_ratio: float = typer.Option(2.0, "--mlp-ratio"),
+    draft_vocab_size: int = typer.Option(0, "--draft-vocab-size", help="0 = full vocabulary."),
+    teacher_topk: int = typer.Option(32, "--teacher-topk", help="Teacher log-probs kept per position."),
+    cache_dtype: str = typer.Option("bf16", "--cache-dtype", help="dtype of the one target pass that caches activations."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from out/checkpoint.pt."),
+    max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps (time-boxing)."),
+    threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch default)."),
+) -> None:
+    """Train a drafter on the target's cached activations (the target stays frozen)."""
+    import torch
+    import torch.distributed as dist
+
+    from .activations import build_cache
+    from .config import HeadConfig, TrainConfig
+    from .models import load_target
+    from .target import Target
+    from .train import init_distributed
+    from .train import train as run_train
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = TrainConfig(drafter=drafter, num_steps=num_steps, epochs=epochs, batch_size=batch_size, lr=lr,
+                      warmup_steps=warmup_steps, weight_decay=weight_decay, clip=clip, bf16=bf16, holdout=holdout,
+                      eval_every=eval_every, save_every=save_every, label_weight=label_weight,
+                      indep_hidden=indep_hidden, indep_layers=indep_layers, seed=seed)
+    try:
+        layers = tuple(int(x) for x in hidden_layers.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"--hidden-layers must be comma-separated integers, got {hidden_layers!r}") from None
+    hc = HeadConfig(hidden_layers=layers, kv_layer=kv_layer, num_blocks=num_blocks, mlp_ratio=mlp_ratio,
+                    draft_vocab_size=draft_vocab_size, max_draft_tokens=num_steps)
+    rank, world = init_distributed()
+    cache_dir = out / "activations"
+    if rank == 0:  # one pass of the target over the data, resumable, shared by all ranks
+        build_cache(Target(load_target(target, cache_dtype).model), data_dir, cache_dir, hc.hidden_layers,
+                    hc.kv_layer, teacher_topk)
+    if world > 1:
+        dist.barrier()
+    tgt = Target(load_target(target, "fp32").model)
+    r = run_train(tgt, cache_dir, out, cfg, hc, resume=resume, max_steps=max_steps)
+    if rank == 0:
+        typer.echo(json.dumps(r))
 
 
 def main() -> None:  # pragma: no cover

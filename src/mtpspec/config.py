@@ -78,3 +78,45 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # What to train: "mtp" (the head) or "independent" (a small standalone draft LM with its
+    # own embedding and KV cache: the baseline `mtpspec bench` compares against).
+    drafter: str = "mtp"
+    # Draft steps unrolled per position (the head's recurrence, exactly as at decode time).
+    num_steps: int = 5
+    # Passes over the training split.
+    epochs: int = 2
+    # Sequences per optimizer step (global, summed over DDP ranks).
+    batch_size: int = 16
+    # Peak learning rate of AdamW, reached after `warmup_steps`, then cosine to 10% of it.
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    # Gradient-norm clipping threshold.
+    clip: float = 1.0
+    # bf16 autocast for the head's forward/backward (fast on CPUs with avx512_bf16 and on GPUs).
+    bf16: bool = True
+    # Fraction of samples held out to report acceptance during training.
+    holdout: float = 0.05
+    # Report held-out acceptance and write a checkpoint every N optimizer steps.
+    eval_every: int = 50
+    save_every: int = 50
+    # Weight of the hard-label cross-entropy added to the distillation loss.
+    label_weight: float = 0.1
+    # Hidden size / layers of the independent drafter (drafter="independent").
+    indep_hidden: int = 64
+    indep_layers: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.drafter not in ("mtp", "independent"):
+            raise InputError(f"drafter must be 'mtp' or 'independent', got {self.drafter!r}.")
+        if self.num_steps < 1 or self.epochs < 1 or self.batch_size < 1:
+            raise InputError("num_steps, epochs and batch_size must be >= 1.")
+        if not 0.0 <= self.holdout < 1.0:
+            raise InputError("holdout must be in [0, 1).")
+        if self.lr <= 0:
+            raise InputError("lr must be > 0.")

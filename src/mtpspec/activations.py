@@ -1,0 +1,118 @@
+"""Cached target activations: run the frozen target once over the training data, keep what the
+head needs, and train for many epochs without re-running it.
+
+Per sample (T tokens): the head's input features (T, F), the cached keys and values of the
+layer it attends to (Hk, T, hd) each, and the target's top-k next-token log-probabilities
+(T, k) with their token ids. Stored in bf16/fp16 shards with a manifest that records the
+target identity and the head settings they were computed for; an interrupted build resumes
+at the first missing shard.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from .data import load_samples
+from .errors import DataError
+from .target import Target
+
+MANIFEST = "activations.json"
+
+
+@dataclass
+class Sample:
+    ids: torch.Tensor  # (T,) long
+    prompt_len: int
+    hidden: torch.Tensor  # (T, F)
+    keys: torch.Tensor  # (Hk, T, hd)
+    values: torch.Tensor  # (Hk, T, hd)
+    top_logp: torch.Tensor  # (T, k) teacher log-probs of its k most likely next tokens
+    top_ids: torch.Tensor  # (T, k)
+
+
+def build_cache(target: Target, data_dir: str | Path, cache_dir: str | Path, hidden_layers: tuple[int, ...],
+                kv_layer: int, teacher_topk: int = 32, max_len: int = 512, per_shard: int = 64,
+                progress: bool = True) -> dict[str, Any]:
+    samples = load_samples(data_dir)
+    out = Path(cache_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    kv = target.layer_index(kv_layer)
+    settings = {
+        "target": asdict(target.identity()),
+        "data": json.loads((Path(data_dir) / "manifest.json").read_text())["settings"],
+        "num_samples": len(samples),
+        "hidden_layers": list(hidden_layers),
+        "kv_layer": kv,
+        "teacher_topk": teacher_topk,
+        "max_len": max_len,
+        "per_shard": per_shard,
+        "dtype": str(target.dtype).removeprefix("torch."),
+    }
+    mpath = out / MANIFEST
+    if mpath.is_file():
+        old = json.loads(mpath.read_text())
+        if old["settings"] != settings:
+            raise DataError(f"{out} holds activations for other settings; delete it or use another --out.")
+        done = old["num_shards"]
+    else:
+        done = 0
+    n_shards = (len(samples) + per_shard - 1) // per_shard
+    bar = tqdm(total=n_shards, initial=done, desc="caching target activations", unit="shard", disable=not progress)
+    for s in range(done, n_shards):
+        tensors: dict[str, torch.Tensor] = {}
+        for i, (ids, pl) in enumerate(samples[s * per_shard:(s + 1) * per_shard]):
+            ids = ids[:max_len]
+            cache = target.new_cache()
+            step = target.forward(ids[None].to(target.device), cache, hidden_layers)
+            keys, values = Target.cached_kv(cache, kv)  # (1, Hk, T, hd)
+            logp = step.logits[0].log_softmax(-1)  # (T, V)
+            top = logp.topk(teacher_topk, dim=-1)
+            tensors.update({
+                f"{i}.ids": ids.int(),
+                f"{i}.prompt_len": torch.tensor([pl], dtype=torch.int32),
+                f"{i}.hidden": step.hidden[0].to(torch.bfloat16),
+                f"{i}.keys": keys[0].to(torch.bfloat16),
+                f"{i}.values": values[0].to(torch.bfloat16),
+                f"{i}.top_logp": top.values.to(torch.float16),
+                f"{i}.top_ids": top.indices.int(),
+            })
+        save_file(tensors, str(out / f"act_{s:05d}.safetensors"))
+        mpath.write_text(json.dumps({"settings": settings, "num_shards": s + 1, "total_shards": n_shards}))
+        bar.update(1)
+    bar.close()
+    return json.loads(mpath.read_text())
+
+
+def load_cache(cache_dir: str | Path) -> list[Sample]:
+    d = Path(cache_dir)
+    if not (d / MANIFEST).is_file():
+        raise DataError(f"{d} holds no cached activations ({MANIFEST} missing).")
+    m = json.loads((d / MANIFEST).read_text())
+    if m["num_shards"] < m["total_shards"]:
+        raise DataError(f"{d} is incomplete ({m['num_shards']}/{m['total_shards']} shards); rerun to finish it.")
+    out = []
+    for s in range(m["num_shards"]):
+        t = load_file(str(d / f"act_{s:05d}.safetensors"))
+        n = len({k.split(".")[0] for k in t})
+        for i in range(n):
+            out.append(Sample(
+                ids=t[f"{i}.ids"].long(), prompt_len=int(t[f"{i}.prompt_len"][0]), hidden=t[f"{i}.hidden"],
+                keys=t[f"{i}.keys"], values=t[f"{i}.values"], top_logp=t[f"{i}.top_logp"],
+                top_ids=t[f"{i}.top_ids"].long(),
+            ))
+    return out
+
+
+def token_frequencies(samples: list[Sample], vocab_size: int) -> torch.Tensor:
+    """(V,) counts of the tokens the head will have to draft: the responses, not the prompts."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for s in samples:
+        counts += torch.bincount(s.ids[s.prompt_len:], minlength=vocab_size)
+    return counts

@@ -1,0 +1,351 @@
+"""Training a drafter on cached target activations; the target stays frozen throughout.
+
+Letters: B sequences, T positions, K unrolled draft steps, k teacher top-k, V' draft vocab.
+
+The MTP head is trained exactly as it drafts: row t of a sequence stands for "the last verified
+position is t"; the head unrolls K steps with its own recurrent state, feeding the data's
+tokens (the target's own greedy output) and attending to the target's cached keys 0..t. Step j
+is distilled against the target's distribution at position t+1+j (top-k log-probs), plus a
+small hard-label term. The independent baseline drafter is trained on the same data with
+the same teacher, next-token only.
+
+Runs under `torchrun --nproc_per_node=N` with DistributedDataParallel (gloo on CPU, NCCL on
+GPU): each rank takes a slice of every global batch and the loss is normalised by the global
+row count, so N processes follow the same curve as one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from .activations import Sample, load_cache, token_frequencies
+from .config import HeadConfig, TrainConfig
+from .errors import DataError, InputError
+from .head import MTPHead
+from .target import Target
+
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+
+
+# -- batching ---------------------------------------------------------------------------------
+def collate(samples: list[Sample]) -> dict[str, torch.Tensor]:
+    """Right-pad a list of samples into (B, T, ...) tensors plus lengths."""
+    B = len(samples)
+    T = max(s.ids.shape[0] for s in samples)
+    Hk, _, hd = samples[0].keys.shape
+    Fdim, k = samples[0].hidden.shape[1], samples[0].top_ids.shape[1]
+    out = {
+        "ids": torch.zeros(B, T, dtype=torch.long),
+        "hidden": torch.zeros(B, T, Fdim, dtype=samples[0].hidden.dtype),
+        "keys": torch.zeros(B, Hk, T, hd, dtype=samples[0].keys.dtype),
+        "values": torch.zeros(B, Hk, T, hd, dtype=samples[0].values.dtype),
+        "top_logp": torch.full((B, T, k), -1e4, dtype=torch.float32),
+        "top_ids": torch.zeros(B, T, k, dtype=torch.long),
+        "lengths": torch.tensor([s.ids.shape[0] for s in samples]),
+        "prompt_lens": torch.tensor([s.prompt_len for s in samples]),
+    }
+    for i, s in enumerate(samples):
+        n = s.ids.shape[0]
+        out["ids"][i, :n] = s.ids
+        out["hidden"][i, :n] = s.hidden
+        out["keys"][i, :, :n] = s.keys
+        out["values"][i, :, :n] = s.values
+        out["top_logp"][i, :n] = s.top_logp.float()
+        out["top_ids"][i, :n] = s.top_ids
+    return out
+
+
+def target_rows(batch: dict[str, torch.Tensor], offset: int) -> torch.Tensor:
+    """(B, T) bool: rows t whose predicted token x_{t+offset} exists and is a response token."""
+    B, T = batch["ids"].shape
+    pos = torch.arange(T).unsqueeze(0) + offset  # (B, T)
+    return (pos < batch["lengths"].unsqueeze(1)) & (pos >= batch["prompt_lens"].unsqueeze(1))
+
+
+def distill_loss(logits: torch.Tensor, top_logp: torch.Tensor, top_ids: torch.Tensor, labels: torch.Tensor,
+                 valid: torch.Tensor, vocab_map: torch.Tensor | None, label_weight: float) -> tuple[torch.Tensor, int]:
+    """Sum over valid rows of CE(teacher top-k, student) + label_weight * CE(label, student).
+
+    logits: (B, T, V') student. top_logp/top_ids: (B, T, k) teacher over the full vocabulary.
+    vocab_map: (V,) full id -> draft index or -1 (None: identity). Teacher mass on tokens the
+    draft vocabulary lacks is dropped and the rest renormalised. Returns (sum, row count).
+    """
+    logp = logits[valid].float().log_softmax(-1)  # (N, V')
+    t_logp, t_ids, y = top_logp[valid], top_ids[valid], labels[valid]  # (N, k), (N, k), (N,)
+    if vocab_map is not None:
+        t_ids, y = vocab_map[t_ids], vocab_map[y]
+        t_logp = t_logp.masked_fill(t_ids < 0, -1e4)
+        t_ids = t_ids.clamp_min(0)
+    p = t_logp.softmax(-1)  # (N, k) renormalised teacher
+    soft = -(p * logp.gather(-1, t_ids)).sum(-1)  # (N,)
+    hard = F.nll_loss(logp, y.clamp_min(0), reduction="none") * (y >= 0)
+    return (soft + label_weight * hard).sum(), int(valid.sum())
+
+
+# -- the two drafters' objectives ---------------------------------------------------------------
+class MTPObjective:
+    """Unrolls the head for K steps over whole sequences; reports greedy acceptance."""
+
+    def __init__(self, head: MTPHead, cfg: TrainConfig):
+        self.head, self.cfg = head, cfg
+        self.vocab_map: torch.Tensor | None = None
+        if head.draft_ids is not None:
+            m = torch.full((head.target.vocab_size,), -1, dtype=torch.long)
+            m[head.draft_ids] = torch.arange(head.draft_ids.numel())
+            self.vocab_map = m
+
+    def module(self) -> nn.Module:
+        return self.head
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        dt = torch.float32
+        logits = model(batch["hidden"].to(dt), batch["ids"], batch["keys"].to(dt), batch["values"].to(dt),
+                       self.cfg.num_steps)
+        total, rows = torch.zeros(()), 0
+        ids = batch["ids"]
+        for j, lg in enumerate(logits):
+            # step j at row t predicts x_{t+2+j}; the teacher row is t+1+j
+            valid = target_rows(batch, 2 + j)
+            shift = 1 + j
+            top_logp = F.pad(batch["top_logp"][:, shift:], (0, 0, 0, shift), value=-1e4)
+            top_ids = F.pad(batch["top_ids"][:, shift:], (0, 0, 0, shift))
+            labels = F.pad(ids[:, 2 + j:], (0, 2 + j))
+            s, n = distill_loss(lg, top_logp, top_ids, labels, valid, self.vocab_map, self.cfg.label_weight)
+            total, rows = total + s, rows + n
+        return total, rows
+
+    @torch.no_grad()
+    def acceptance(self, samples: list[Sample], batch_size: int) -> dict[str, float]:
+        """Greedy tokens per target forward on held-out samples if every row were a round:
+        1 + the number of leading steps whose draft equals the data's next token."""
+        K = self.cfg.num_steps
+        runs, hits = [], torch.zeros(K)
+        for i in range(0, len(samples), batch_size):
+            b = collate(samples[i:i + batch_size])
+            with _autocast(self.cfg.bf16):
+                logits = self.head(b["hidden"].float(), b["ids"], b["keys"].float(), b["values"].float(), K)
+            valid = target_rows(b, 1 + K)  # all K steps have a label
+            ok = []
+            for j, lg in enumerate(logits):
+                pred = lg.argmax(-1)
+                if self.head.draft_ids is not None:
+                    pred = self.head.draft_ids[pred]
+                ok.append(pred == F.pad(b["ids"][:, 2 + j:], (0, 2 + j), value=-1))
+            ok_t = torch.stack(ok, -1)[valid]  # (N, K)
+            run = ok_t.long().cumprod(-1)  # 1 while every earlier draft matched
+            runs.append(run.sum(-1).float())
+            hits += run.float().sum(0)
+        r = torch.cat(runs) if runs else torch.zeros(1)
+        return {"accept": 1.0 + float(r.mean()), **{f"pos{j + 1}": float(hits[j] / max(1, r.numel())) for j in range(K)}}
+
+
+class IndependentObjective:
+    """A standalone small causal LM distilled on the target's next-token distribution."""
+
+    def __init__(self, model: nn.Module, cfg: TrainConfig):
+        self.model, self.cfg = model, cfg
+
+    def module(self) -> nn.Module:
+        return self.model
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        ids = batch["ids"]
+        mask = (torch.arange(ids.shape[1]).unsqueeze(0) < batch["lengths"].unsqueeze(1)).long()
+        logits = model(input_ids=ids, attention_mask=mask).logits  # (B, T, V)
+        valid = target_rows(batch, 1)
+        labels = F.pad(ids[:, 1:], (0, 1))
+        return distill_loss(logits, batch["top_logp"], batch["top_ids"], labels, valid, None, self.cfg.label_weight)
+
+    @torch.no_grad()
+    def acceptance(self, samples: list[Sample], batch_size: int) -> dict[str, float]:
+        """Greedy next-token agreement with the data (the independent drafter's step-1 rate)."""
+        hit = tot = 0
+        for i in range(0, len(samples), batch_size):
+            b = collate(samples[i:i + batch_size])
+            mask = (torch.arange(b["ids"].shape[1]).unsqueeze(0) < b["lengths"].unsqueeze(1)).long()
+            with _autocast(self.cfg.bf16):
+                pred = self.model(input_ids=b["ids"], attention_mask=mask).logits.argmax(-1)
+            valid = target_rows(b, 1)
+            hit += int((pred == F.pad(b["ids"][:, 1:], (0, 1)))[valid].sum())
+            tot += int(valid.sum())
+        return {"pos1": hit / max(1, tot)}
+
+
+def independent_drafter(target: Target, cfg: TrainConfig) -> nn.Module:
+    """A small Llama with its own (tied) embedding table over the target's full vocabulary,
+    usable as `assistant_model` in Hugging Face assisted generation."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    D = cfg.indep_hidden
+    c = LlamaConfig(vocab_size=target.vocab_size, hidden_size=D, intermediate_size=4 * D,
+                    num_hidden_layers=cfg.indep_layers, num_attention_heads=max(1, D // 32),
+                    num_key_value_heads=max(1, D // 64), max_position_embeddings=8192, tie_word_embeddings=True,
+                    bos_token_id=getattr(target.config, "bos_token_id", None),
+                    eos_token_id=getattr(target.config, "eos_token_id", None),
+                    pad_token_id=getattr(target.config, "pad_token_id", None))
+    torch.manual_seed(cfg.seed)
+    return LlamaForCausalLM(c)
+
+
+# -- the loop ---------------------------------------------------------------------------------
+def _autocast(enabled: bool) -> Any:
+    return torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16, enabled=enabled)
+
+
+def _lr_lambda(cfg: TrainConfig, total: int) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+def split(samples: list[Sample], cfg: TrainConfig) -> tuple[list[Sample], list[Sample]]:
+    order = list(range(len(samples)))
+    random.Random(cfg.seed).shuffle(order)
+    n_hold = int(round(cfg.holdout * len(samples))) if cfg.holdout else 0
+    if len(samples) - n_hold < 1:
+        raise DataError(f"Only {len(samples)} samples: nothing left to train on after the held-out split.")
+    return [samples[i] for i in order[n_hold:]], [samples[i] for i in order[:n_hold]]
+
+
+def epoch_batches(n: int, cfg: TrainConfig, epoch: int) -> list[list[int]]:
+    """Deterministic per epoch, so a resumed run replays the same order."""
+    order = list(range(n))
+    random.Random(cfg.seed * 1000 + epoch).shuffle(order)
+    return [order[i:i + cfg.batch_size] for i in range(0, n - cfg.batch_size + 1, cfg.batch_size)] or [order]
+
+
+def init_distributed() -> tuple[int, int]:
+    """(rank, world size); joins the process group when launched by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return rank, world
+
+
+def train(target: Target, cache_dir: str | Path, out_dir: str | Path, cfg: TrainConfig,
+          head_config: HeadConfig | None = None, resume: bool = False, max_steps: int | None = None,
+          progress: bool = True) -> dict[str, Any]:
+    """Train a drafter; writes checkpoints, metrics.jsonl and the final drafter into out_dir.
+    `max_steps` stops early (as a kill would) - for tests and time-boxed runs."""
+    out = Path(out_dir)
+    rank, world = init_distributed()
+    main = rank == 0
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+    before = {k: v.clone() for k, v in target.model.state_dict().items()} if main else None
+
+    samples = load_cache(cache_dir)
+    train_set, held = split(samples, cfg)
+    hc = head_config or HeadConfig()
+    torch.manual_seed(cfg.seed)
+    if cfg.drafter == "mtp":
+        draft_ids = None
+        if hc.draft_vocab_size:
+            freq = token_frequencies(train_set, target.vocab_size)
+            draft_ids = freq.topk(hc.draft_vocab_size).indices.sort().values
+        head = MTPHead(target, hc, draft_ids).float()
+        head.train()
+        obj: MTPObjective | IndependentObjective = MTPObjective(head, cfg)
+    else:
+        obj = IndependentObjective(independent_drafter(target, cfg), cfg)
+    module = obj.module()
+    model: nn.Module = nn.parallel.DistributedDataParallel(module) if world > 1 else module
+    opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=cfg.lr,
+                            weight_decay=cfg.weight_decay)
+    steps_per_epoch = len(epoch_batches(len(train_set), cfg, 0))
+    total = steps_per_epoch * cfg.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg, total))
+    step = 0
+    ckpt = out / CHECKPOINT
+    if resume and ckpt.is_file():
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        if state["train_config"] != asdict(cfg):
+            raise InputError(f"{ckpt} was written with other training settings; resume with the same flags.")
+        module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+        step = state["step"]
+    elif resume:
+        raise InputError(f"--resume given but {ckpt} does not exist; start without --resume.")
+
+    bar = tqdm(total=total, initial=step, desc=f"train {cfg.drafter}", unit="step", disable=not (progress and main))
+    metrics_f = (out / METRICS).open("a") if main else None
+    stop = total if max_steps is None else min(total, max_steps)
+    while step < stop:
+        epoch, within = divmod(step, steps_per_epoch)
+        idx = epoch_batches(len(train_set), cfg, epoch)[within]
+        mine = idx[rank::world]  # this rank's slice of the global batch
+        batch = collate([train_set[i] for i in mine])
+        # normalise by the global row count so N ranks follow one process's curve
+        with _autocast(cfg.bf16):
+            loss_sum, rows = obj.loss(model, batch)
+        global_rows = torch.tensor(float(rows))
+        if world > 1:
+            dist.all_reduce(global_rows)
+        loss = loss_sum * world / global_rows.clamp_min(1)  # DDP averages gradients over ranks
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = nn.utils.clip_grad_norm_(module.parameters(), cfg.clip)
+        opt.step()
+        sched.step()
+        step += 1
+        logged = torch.tensor([float(loss_sum.detach())])
+        if world > 1:
+            dist.all_reduce(logged)
+        rec: dict[str, Any] = {"step": step, "epoch": epoch, "loss": float(logged) / float(global_rows.clamp_min(1)),
+                               "lr": sched.get_last_lr()[0], "grad_norm": float(gnorm)}
+        if main and held and (step % cfg.eval_every == 0 or step == stop):
+            module.eval()
+            rec.update(obj.acceptance(held, cfg.batch_size))
+            module.train()
+        if main:
+            bar.update(1)
+            bar.set_postfix({k: f"{v:.3f}" for k, v in rec.items() if k in ("loss", "accept", "pos1")})
+            metrics_f.write(json.dumps(rec) + "\n")  # type: ignore[union-attr]
+            metrics_f.flush()  # type: ignore[union-attr]
+            if step % cfg.save_every == 0 or step == stop:
+                tmp = ckpt.with_suffix(".tmp")
+                torch.save({"model": module.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                            "step": step, "train_config": asdict(cfg)}, tmp)
+                tmp.replace(ckpt)
+    bar.close()
+    result: dict[str, Any] = {"step": step, "total_steps": total}
+    if main:
+        metrics_f.close()  # type: ignore[union-attr]
+        module.eval()
+        if step == total:
+            _save_final(module, cfg, out)
+        result["final"] = obj.acceptance(held, cfg.batch_size) if held else {}
+        assert before is not None
+        changed = [k for k, v in target.model.state_dict().items() if not torch.equal(v, before[k])]
+        if changed:  # pragma: no cover - would be a bug in this module
+            raise RuntimeError(f"target weights changed during training: {changed[:3]}")
+    if world > 1:
+        dist.barrier()
+    return result
+
+
+def _save_final(module: nn.Module, cfg: TrainConfig, out: Path) -> None:
+    if isinstance(module, MTPHead):
+        module.save_pretrained(out / "head")
+    else:
+        module.save_pretrained(out / "drafter")  # type: ignore[operator]

@@ -1,0 +1,178 @@
+"""Training: the target stays frozen, training-time predictions equal decode-time drafts, the
+head can overfit, a killed run resumes exactly, and 2 DDP processes follow 1 process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_model, write_tiny_data
+
+import mtpspec
+from mtpspec import DraftInput, HeadConfig, MTPHead, SamplingConfig, Target
+from mtpspec.activations import build_cache, load_cache, token_frequencies
+from mtpspec.config import TrainConfig
+from mtpspec.errors import DataError, InputError
+from mtpspec.train import MTPObjective, collate, train
+
+FAST = dict(batch_size=8, lr=3e-3, warmup_steps=2, eval_every=1000, save_every=1000, bf16=False, num_steps=3)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    model = tiny_model("llama")
+    write_tiny_data(model, root / "data")
+    build_cache(Target(model), root / "data", root / "act", (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
+    return model, root
+
+
+def _metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_training_leaves_the_target_bit_identical(tiny_run, tmp_path):
+    model, root = tiny_run
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    train(Target(model), root / "act", tmp_path, TrainConfig(epochs=1, **FAST), progress=False)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert not any(p.requires_grad for p in model.parameters()) and not model.training
+    assert (tmp_path / "head" / "mtp_head.safetensors").is_file()
+
+
+def test_train_time_predictions_equal_inference_drafts(tiny_run):
+    """Row t of the training unroll, fed the head's own drafts, reproduces those drafts."""
+    model, _ = tiny_run
+    target = Target(model)
+    torch.manual_seed(1)
+    head = MTPHead.for_target(model, HeadConfig(hidden_layers=(-2, -1), num_blocks=2))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    K = 4
+    prefix = torch.randint(4, 97, (1, 12))
+    for t in (0, 5, 10):  # the last verified position
+        cache = target.new_cache()
+        step = target.forward(prefix[:, : t + 1], cache, head.config.hidden_layers)
+        nxt = prefix[:, t + 1: t + 2]
+        d = head.propose(DraftInput(torch.cat([prefix[:, : t + 1], nxt], 1), step.hidden[:, -1], cache), K,
+                         SamplingConfig(), None)
+        seq = torch.cat([prefix[:, : t + 2], d.tokens[None]], 1)  # (1, t + 2 + K)
+        full_cache = target.new_cache()
+        full = target.forward(seq, full_cache, head.config.hidden_layers)
+        keys, values = Target.cached_kv(full_cache, head.kv_layer)
+        with torch.no_grad():
+            logits = head(full.hidden, seq, keys, values, K)
+        train_drafts = [int(lg[0, t].argmax()) for lg in logits]
+        assert train_drafts == d.tokens.tolist(), t
+
+
+def test_head_overfits_one_batch_to_high_acceptance(tiny_run):
+    model, root = tiny_run
+    samples = load_cache(root / "act")[:4]
+    cfg = TrainConfig(num_steps=4, bf16=False)
+    head = MTPHead(Target(model), HeadConfig()).float()
+    obj = MTPObjective(head, cfg)
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    batch = collate(samples)
+    assert obj.acceptance(samples, 4)["accept"] < 1.5
+    for _ in range(200):
+        loss, n = obj.loss(head, batch)
+        (loss / n).backward()
+        opt.step()
+        opt.zero_grad()
+    assert obj.acceptance(samples, 4)["accept"] > 4.0
+    # and decoding with it really accepts that much, output still exact
+    seq = samples[0].ids
+    prompt = seq[None, : samples[0].prompt_len]
+    head.eval()
+    out = mtpspec.generate(model, head, prompt, max_new_tokens=30, num_draft_tokens=4, eos_token_id=[])
+    plain = mtpspec.generate(model, None, prompt, max_new_tokens=30, num_draft_tokens=0, eos_token_id=[])
+    assert torch.equal(out.sequences, plain.sequences)
+    assert out.stats.mean_accepted > 3.0
+
+
+def test_resume_after_interruption_matches_an_uninterrupted_run(tiny_run, tmp_path):
+    model, root = tiny_run
+    cfg = TrainConfig(epochs=2, **{**FAST, "save_every": 1})
+    full = tmp_path / "full"
+    train(Target(model), root / "act", full, cfg, progress=False)
+    cut = tmp_path / "cut"
+    r = train(Target(model), root / "act", cut, cfg, max_steps=3, progress=False)  # "killed" after step 3
+    assert r["step"] == 3 and not (cut / "head").exists()
+    train(Target(model), root / "act", cut, cfg, resume=True, progress=False)
+    a, b = _metrics(full), _metrics(cut)
+    assert [m["step"] for m in b] == [m["step"] for m in a]  # no lost or repeated step
+    assert [m["loss"] for m in b] == pytest.approx([m["loss"] for m in a], rel=1e-5)
+    sa = MTPHead.from_pretrained(full / "head", model).state_dict()
+    sb = MTPHead.from_pretrained(cut / "head", model).state_dict()
+    assert all(torch.allclose(sa[k], sb[k], atol=1e-6) for k in sa)
+
+
+def test_resume_with_other_settings_is_refused(tiny_run, tmp_path):
+    model, root = tiny_run
+    train(Target(model), root / "act", tmp_path, TrainConfig(epochs=1, **{**FAST, "save_every": 1}), max_steps=1,
+          progress=False)
+    with pytest.raises(InputError, match="other training settings"):
+        train(Target(model), root / "act", tmp_path, TrainConfig(epochs=1, **{**FAST, "lr": 1e-2}), resume=True,
+              progress=False)
+    with pytest.raises(InputError, match="does not exist"):
+        train(Target(model), root / "act", tmp_path / "new", TrainConfig(epochs=1, **FAST), resume=True,
+              progress=False)
+
+
+def test_two_ddp_processes_follow_one_process(tiny_run, tmp_path):
+    model, root = tiny_run
+    worker = Path(__file__).parent / "ddp_worker.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, str(worker), str(root / "act"), str(tmp_path / "one")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+                          str(worker), str(root / "act"), str(tmp_path / "two")], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+    assert len(a) == len(b) > 3
+    assert [m["loss"] for m in b] == pytest.approx([m["loss"] for m in a], rel=1e-3)
+
+
+def test_draft_vocabulary_maps_back_to_target_ids(tiny_run, tmp_path):
+    model, root = tiny_run
+    train(Target(model), root / "act", tmp_path, TrainConfig(epochs=1, **FAST), HeadConfig(draft_vocab_size=32),
+          progress=False)
+    head = MTPHead.from_pretrained(tmp_path / "head", model)
+    freq = token_frequencies(load_cache(root / "act"), 97)
+    ids = head.draft_ids.tolist()
+    assert len(ids) == 32 and ids == sorted(ids)
+    # the draft vocabulary is the most frequent response tokens
+    assert min(freq[ids]) >= max(freq[[i for i in range(97) if i not in ids]])
+    obj = MTPObjective(head, TrainConfig(**FAST))
+    assert torch.equal(obj.vocab_map[head.draft_ids], torch.arange(32))
+    assert int((obj.vocab_map >= 0).sum()) == 32
+    prompt = load_cache(root / "act")[0].ids[None, :6]
+    d = head.propose(DraftInput(prompt, Target(model).forward(prompt[:, :-1], c := Target(model).new_cache()).hidden[:, -1], c),
+                     4, SamplingConfig(), None)
+    assert set(d.tokens.tolist()) <= set(ids)
+
+
+def test_activation_cache_resumes_and_checks_settings(tiny_run, tmp_path):
+    model, root = tiny_run
+    act = tmp_path / "act"
+    build_cache(Target(model), root / "data", act, (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
+    m = json.loads((act / "activations.json").read_text())
+    m["num_shards"] = 1  # as if killed after the first shard
+    (act / "activations.json").write_text(json.dumps(m))
+    (act / "act_00001.safetensors").unlink()
+    with pytest.raises(DataError, match="incomplete"):
+        load_cache(act)
+    build_cache(Target(model), root / "data", act, (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
+    a, b = load_cache(act), load_cache(root / "act")
+    assert len(a) == len(b) and all(torch.equal(x.top_ids, y.top_ids) for x, y in zip(a, b))
+    with pytest.raises(DataError, match="other settings"):
+        build_cache(Target(model), root / "data", act, (-1,), -1, teacher_topk=4, per_shard=10, progress=False)
