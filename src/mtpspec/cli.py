@@ -227,5 +227,47 @@ def train(
         typer.echo(json.dumps(r))
 
 
+@app.command()
+@user_errors
+def costs(
+    target: str = typer.Option(None, "--target", "-t", help="Local model dir or .gguf [default: embedded SmolLM2]."),
+    head: Path = typer.Option(None, "--head", help="Saved head [default: the shipped head, else a fresh one]."),
+    dtype: str = typer.Option("fp32", "--dtype", help="fp32 or bf16."),
+    context: int = typer.Option(256, "--context", help="Cached tokens before the timed forward."),
+    max_n: int = typer.Option(9, "--max-n", help="Time target forwards over 1..max_n new tokens."),
+    reps: int = typer.Option(15, "--reps"),
+    draft_vocab_size: int = typer.Option(None, "--draft-vocab-size", help="Time a fresh head with this draft vocabulary instead."),
+    threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch default)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Measure a target forward over n tokens and a head draft step on this machine."""
+    import torch
+
+    from .config import HeadConfig
+    from .costs import measure_costs
+    from .head import MTPHead
+    from .models import load_target
+    from .target import Target
+
+    if threads:
+        torch.set_num_threads(threads)
+    loaded = load_target(target, dtype)
+    tgt = Target(loaded.model)
+    if draft_vocab_size is not None:
+        mtp = MTPHead.for_target(tgt, HeadConfig(draft_vocab_size=draft_vocab_size))
+    else:
+        mtp = load_head(tgt, loaded.name, head, False, lambda m: typer.echo(m, err=True))
+    c = measure_costs(tgt, mtp, max_n=max_n, context=context, reps=reps)
+    if as_json:
+        typer.echo(json.dumps({"dtype": c.dtype, "context": c.context, "verify_ms": {n: v * 1e3 for n, v in c.verify_s.items()},
+                               "draft_step_ms": c.draft_step_s * 1e3, "draft_vocab": c.draft_vocab}))
+        return
+    typer.echo(f"{loaded.name} {c.dtype}, {c.context} cached tokens, {torch.get_num_threads()} threads")
+    for n, v in c.verify_s.items():
+        typer.echo(f"  target forward over {n} token(s): {v * 1e3:7.2f} ms  ({c.relative(n):.2f}x of 1)")
+    typer.echo(f"  head draft step ({c.draft_vocab} output rows): {c.draft_step_s * 1e3:.2f} ms "
+               f"({c.draft_step_s / c.verify_s[1]:.3f}x of a 1-token target forward)")
+
+
 def main() -> None:  # pragma: no cover
     app()

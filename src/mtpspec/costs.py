@@ -1,0 +1,91 @@
+"""What a round costs on this hardware, and the draft length that pays best.
+
+A round with k drafts costs k head steps plus one target forward over k + 1 tokens, and
+yields on average 1 + a_1 + a_1 a_2 + ... + a_1...a_k tokens, where a_i is the head's
+conditional acceptance rate at draft position i. The best k maximises tokens per second:
+
+    speedup(k) = E[tokens | k] / (verify(k + 1) / verify(1) + k * draft_step / verify(1))
+
+Everything here is measured (median of repeated timings), never assumed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import SamplingConfig
+from .draft import DraftInput
+from .head import MTPHead
+from .target import Target
+
+
+@dataclass(frozen=True)
+class Costs:
+    context: int  # cached positions when timing
+    verify_s: dict[int, float]  # n new tokens -> seconds for one target forward
+    draft_step_s: float  # one head step (all its blocks + its LM-head projection)
+    dtype: str
+    draft_vocab: int  # rows of the head's output projection
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def relative(self, n: int) -> float:
+        return self.verify_s[n] / self.verify_s[1]
+
+
+def _median_time(fn: Callable[[], object], reps: int) -> float:
+    fn()  # warm-up
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+@torch.no_grad()
+def measure_costs(target: Target, head: MTPHead, max_n: int = 9, context: int = 256, reps: int = 15) -> Costs:
+    """Time one target forward over n = 1..max_n new tokens after `context` cached tokens,
+    and one head draft step, on this machine."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, target.vocab_size, (1, context + max_n), generator=g)
+    cache = target.new_cache()
+    pre = target.forward(ids[:, :context], cache, head.config.hidden_layers, logits_to_keep=1)
+    verify = {}
+    for n in range(1, max_n + 1):
+        def run(n: int = n) -> None:
+            target.forward(ids[:, context:context + n], cache, head.config.hidden_layers)
+            Target.rollback(cache, n)
+        verify[n] = _median_time(run, reps)
+    inp = DraftInput(tokens=ids[:, :context + 1], hidden=pre.hidden[:, -1], cache=cache)
+    k = 4
+    step = _median_time(lambda: head.propose(inp, k, SamplingConfig(), None), reps) / k
+    vocab = head.draft_ids.numel() if head.draft_ids is not None else target.vocab_size
+    return Costs(context=context, verify_s=verify, draft_step_s=step, dtype=str(target.dtype).removeprefix("torch."),
+                 draft_vocab=vocab)
+
+
+def expected_tokens(position_acceptance: list[float], k: int) -> float:
+    """1 + sum_i prod_{j<=i} a_j over the first k positions (a_j: conditional rates)."""
+    total, run = 1.0, 1.0
+    for a in position_acceptance[:k]:
+        run *= a
+        total += run
+    return total
+
+
+def predicted_speedup(costs: Costs, position_acceptance: list[float], k: int) -> float:
+    cost = costs.relative(k + 1) + k * costs.draft_step_s / costs.verify_s[1]
+    return expected_tokens(position_acceptance, k) / cost
+
+
+def pick_k(costs: Costs, position_acceptance: list[float]) -> int:
+    """The k in 1..len(position_acceptance) (and within the measured costs) with the best
+    predicted speed-up; 0 if no k beats plain decoding."""
+    ks = [k for k in range(1, len(position_acceptance) + 1) if k + 1 in costs.verify_s]
+    best = max(ks, key=lambda k: predicted_speedup(costs, position_acceptance, k), default=0)
+    return best if best and predicted_speedup(costs, position_acceptance, best) > 1.0 else 0
