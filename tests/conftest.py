@@ -125,3 +125,29 @@ def write_tiny_data(model, data_dir, n: int = 24, prompt_len: int = 6, new: int 
     _save_manifest(d, {"target": {}, "settings": {"tiny": True}, "num_samples": n, "num_shards": 1,
                        "num_tokens": n * (prompt_len + new), "prompts_consumed": n, "prompt_hashes": []})
     return d
+
+
+def chisquare_pvalue(counts, probs, min_expected: float = 5.0) -> float:
+    """Pearson goodness-of-fit p-value of observed `counts` against exact cell `probs`.
+
+    Cells whose expected count is below `min_expected` are pooled into one cell (topped up with
+    the next-smallest cells until it reaches `min_expected`), so the chi-square approximation
+    holds. A count in a cell of probability exactly 0 is an impossible outcome: p-value 0."""
+    import numpy as np
+    from scipy.stats import chisquare
+
+    counts = np.asarray(counts, dtype=np.float64).ravel()
+    probs = np.asarray(probs, dtype=np.float64).ravel()
+    if (counts[probs == 0] > 0).any():
+        return 0.0
+    expected = probs / probs.sum() * counts.sum()
+    order = np.argsort(expected)
+    exp_sorted, obs_sorted = expected[order], counts[order]
+    m = int((exp_sorted < min_expected).sum())  # cells to pool, smallest first
+    while 0 < m < len(exp_sorted) and exp_sorted[:m].sum() < min_expected:
+        m += 1
+    if m:
+        exp_sorted = np.concatenate([[exp_sorted[:m].sum()], exp_sorted[m:]])
+        obs_sorted = np.concatenate([[obs_sorted[:m].sum()], obs_sorted[m:]])
+    assert len(exp_sorted) >= 2, "too few samples for a chi-square test"
+    return float(chisquare(obs_sorted, exp_sorted).pvalue)

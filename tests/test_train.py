@@ -70,6 +70,10 @@ def test_train_time_predictions_equal_inference_drafts(tiny_run):
             logits = head(full.hidden, seq, keys, values, K)
         train_drafts = [int(lg[0, t].argmax()) for lg in logits]
         assert train_drafts == d.tokens.tolist(), t
+        # computing only the rows from `start` on gives the same rows
+        with torch.no_grad():
+            part = head(full.hidden, seq, keys, values, K, start=t)
+        assert all(torch.allclose(a[:, t:], b, atol=1e-5) for a, b in zip(logits, part))
 
 
 def test_head_overfits_one_batch_to_high_acceptance(tiny_run):

@@ -269,5 +269,90 @@ def costs(
                f"({c.draft_step_s / c.verify_s[1]:.3f}x of a 1-token target forward)")
 
 
+@app.command()
+@user_errors
+def bench(
+    prompts: Path = typer.Option(None, "--prompts", help="Spec-Bench style .jsonl [default: the built-in on-device set]."),
+    limit: int = typer.Option(None, "--limit", help="Run an evenly spread subset of N prompts."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
+    dtype: str = typer.Option("fp32", "--dtype", help="fp32 or bf16."),
+    target: str = typer.Option(None, "--target", "-t", help="Local model dir or .gguf [default: embedded SmolLM2]."),
+    head: Path = typer.Option(None, "--head", help="Saved head directory [default: the shipped head for the target]."),
+    drafter: Path = typer.Option(None, "--drafter", help="Independent draft LM directory for `assisted` (<run>/drafter)."),
+    k: int = typer.Option(None, "--k", "-k", help="Drafts per round for `mtp` [default: the head's tuned k]."),
+    sweep: str = typer.Option(None, "--sweep", help="Comma-separated k values; adds one method mtp_k<k> per value."),
+    methods: str = typer.Option("hf,k0,mtp,assisted,lookup", "--methods", help="Comma-separated methods to run."),
+    reps: int = typer.Option(1, "--reps", help="Timed repetitions of every prompt."),
+    warmup: int = typer.Option(1, "--warmup", help="Prompts every method runs untimed before timing."),
+    lookup_tokens: int = typer.Option(10, "--lookup-tokens", help="prompt_lookup_num_tokens for `lookup`."),
+    out: Path = typer.Option(None, "--out", "-o", help="Report directory [default: reports/bench-<date>]."),
+    threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch default)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
+) -> None:
+    """Benchmark hf, k0, mtp, assisted and lookup decoding on the same prompts; write a report."""
+    import datetime
+    import platform
+
+    import torch
+    import transformers
+
+    from .bench import BenchConfig, build_methods, load_drafter, load_prompts, run_bench
+    from .errors import InputError
+    from .heads import shipped_head_dir
+    from .models import chat_ids, load_target, resolve_dtype
+    from .report import write_report
+    from .target import Target
+
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        ks = tuple(int(x) for x in sweep.split(",") if x.strip()) if sweep else ()
+    except ValueError:
+        raise InputError(f"--sweep must be comma-separated integers, got {sweep!r}.") from None
+    cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()), k=k, sweep=ks,
+                      max_new_tokens=max_new_tokens, reps=reps, warmup=warmup, lookup_tokens=lookup_tokens)
+    plist = load_prompts(prompts, limit)  # fail on a bad prompts file before loading any model
+    now = datetime.datetime.now()
+    out = out or Path("reports") / f"bench-{now:%Y%m%d-%H%M%S}"
+
+    loaded = load_target(target, dtype)
+    notes: list[str] = []
+    mtp = None
+    head_src = "-"
+    if cfg.needs_head:
+        def warn(msg: str) -> None:
+            typer.echo(msg, err=True)
+            notes.append("mtp: no trained head for this target, so a freshly initialised head was used; its "
+                         "acceptance is near zero. Pass --head DIR.")
+
+        mtp = load_head(Target(loaded.model), loaded.name, head, False, warn)
+        head_src = str(head) if head else str(shipped_head_dir(loaded.name) or "fresh (untrained)")
+    assistant = load_drafter(drafter, resolve_dtype(dtype)) if drafter and "assisted" in cfg.methods else None
+    method_list, skipped = build_methods(cfg, loaded.model, mtp, assistant)
+    info = {
+        "date": now.isoformat(timespec="seconds"), "target": loaded.name, "dtype": dtype,
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "cpu": platform.processor() or platform.machine(), "prompts_file": str(prompts or "built-in default"),
+        "head": head_src, "drafter": str(drafter) if assistant is not None else "-",
+    }
+    if assistant is not None:
+        gc = assistant.generation_config  # None = the value transformers fills in at generate time
+        names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+        info["assistant"] = ", ".join(f"{n}={getattr(gc, n, None) or 'HF default'}" for n in names)
+    if "lookup" in cfg.methods:
+        info["lookup"] = f"prompt_lookup_num_tokens={cfg.lookup_tokens}"
+    inputs = [chat_ids(loaded.tokenizer, p.text) for p in plist]
+    result = run_bench(cfg, method_list, plist, inputs, loaded.model, info, notes + skipped, progress)
+    write_report(result, out)
+    for m in result.methods:
+        s = result.summary(m)
+        same = "-" if s.identical is None else f"{s.identical}/{s.prompts}"
+        xhf = f"{s.speedup_vs_hf:.2f}x hf" if s.speedup_vs_hf is not None else ""
+        typer.echo(f"{m:>10}  {s.tokens_per_s:8.1f} tok/s  {xhf:>9}  identical to hf {same}")
+    for n in result.notes:
+        typer.echo(f"note: {n}")
+    typer.echo(f"report written to {out}/results.md")
+
+
 def main() -> None:  # pragma: no cover
     app()

@@ -76,12 +76,12 @@ class CrossBlock(nn.Module):
         sin: torch.Tensor,  # (B, T, hd)
         keys: torch.Tensor,  # (B, Hk, S, hd), RoPE applied by the target
         values: torch.Tensor,  # (B, Hk, S, hd)
-        causal: bool,  # training: row t sees keys <= t (T == S); drafting: all keys
+        mask: torch.Tensor | None,  # (T, S) bool, True = may attend; None = all keys (drafting)
     ) -> torch.Tensor:
         B, T, D = x.shape
         q = self.q_proj(self.norm_attn(x)).view(B, T, self.H, self.hd).transpose(1, 2)  # (B, H, T, hd)
         q = q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
-        a = F.scaled_dot_product_attention(q, keys, values, is_causal=causal, enable_gqa=True)  # (B, H, T, hd)
+        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # (B, H, T, hd)
         x = x + self.o_proj(a.transpose(1, 2).reshape(B, T, self.H * self.hd))  # (B, T, D)
         if self.mlp_hidden:
             g, u = self.gate_up(self.norm_mlp(x)).chunk(2, dim=-1)  # (B, T, M) each
@@ -200,12 +200,12 @@ class MTPHead(nn.Module):
         return cos.to(like.dtype), sin.to(like.dtype)
 
     def step(self, state: torch.Tensor, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             keys: torch.Tensor, values: torch.Tensor, causal: bool) -> torch.Tensor:
+             keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """One draft step for T positions at once: (B, T, D) state, (B, T) tokens -> (B, T, D)."""
         e = self.target.embed(tokens)  # (B, T, D)
         x = self.fc(torch.cat([self.norm_state(state), self.norm_embed(e)], dim=-1))  # (B, T, D)
         for block in self.blocks:
-            x = block(x, cos, sin, keys, values, causal)
+            x = block(x, cos, sin, keys, values, mask)
         return x
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:
@@ -219,22 +219,26 @@ class MTPHead(nn.Module):
         return hidden if self.fuse is None else self.fuse(hidden)
 
     def forward(self, hidden: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                num_steps: int) -> list[torch.Tensor]:
+                num_steps: int, start: int = 0) -> list[torch.Tensor]:
         """Training-time unroll over a whole sequence, exactly as drafting runs it.
 
         Row t stands for "the last verified position is t": the state starts at the target's
         features h_t, step j feeds token x_{t+1+j} at position t+1+j, and attention sees the
-        target's keys 0..t only. Returns num_steps logits (B, T, V'); row t of step j predicts
+        target's keys 0..t only. Only rows t >= start are computed (the prompt's rows need no
+        drafts). Returns num_steps logits (B, T - start, V'); row t - start of step j predicts
         x_{t+2+j} and is valid for t + 2 + j < T.
         """
         B, T, _ = hidden.shape
-        state = self.initial_state(hidden)  # (B, T, D)
-        base = torch.arange(T, device=hidden.device).unsqueeze(0).expand(B, T)
+        state = self.initial_state(hidden[:, start:])  # (B, R, D), R = T - start rows
+        R = T - start
+        rows = torch.arange(start, T, device=hidden.device)  # (R,) the row's position t
+        mask = torch.arange(T, device=hidden.device).unsqueeze(0) <= rows.unsqueeze(1)  # (R, T): keys 0..t
+        base = rows.unsqueeze(0).expand(B, R)
         out = []
         for j in range(num_steps):
-            tok = F.pad(tokens[:, 1 + j:], (0, 1 + j))  # (B, T): x_{t+1+j}, zero-padded past the end
+            tok = F.pad(tokens[:, start + 1 + j:], (0, 1 + j))[:, :R]  # (B, R): x_{t+1+j}, zero past the end
             cos, sin = self._rope(base + 1 + j, state)
-            state = self.step(state, tok, cos, sin, keys, values, causal=True)
+            state = self.step(state, tok, cos, sin, keys, values, mask)
             out.append(self.logits(state))
         return out
 
@@ -250,7 +254,7 @@ class MTPHead(nn.Module):
         cos_all, sin_all = self._rope(positions, state)  # (1, K, hd)
         drafted, qs = [], []
         for j in range(k):
-            state = self.step(state, tok, cos_all[:, j:j + 1], sin_all[:, j:j + 1], keys, values, causal=False)
+            state = self.step(state, tok, cos_all[:, j:j + 1], sin_all[:, j:j + 1], keys, values, None)
             logits = self.logits(state)[:, 0]  # (1, V')
             if sampling.greedy:
                 idx = logits.argmax(-1)  # (1,)

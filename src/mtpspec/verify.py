@@ -25,6 +25,28 @@ def accept_greedy(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int
     return n, int(choice[n])
 
 
+def speculative_probs(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact law of one speculative-sampling round, without drawing anything.
+
+    draft: (K,) tokens, q: (K, V), p: (K + 1, V) as in `accept_speculative`.
+    Returns `accept` (K,): the probability min(1, p_i(x_i) / q_i(x_i)) that draft i passes,
+    and `next_dist` (K + 1, V): row i < K is the distribution of the next token when draft i is
+    the first rejected, norm(max(0, p_i - q_i)); row K is p_K, used when all K pass.
+    Edge cases: q_i(x) = 0 (a draft the head could not have drawn, e.g. outside top-k) passes
+    surely if p_i(x) > 0 and never otherwise; a residual that is all zeros (p_i == q_i,
+    reachable only through float rounding once x was rejected) falls back to p_i.
+    """
+    K = draft.shape[0]
+    idx = torch.arange(K, device=draft.device)
+    px = p[idx, draft]  # (K,)
+    qx = q[idx, draft]  # (K,)
+    accept = torch.where(qx > 0, px / qx, (px > 0).to(p.dtype)).clamp(max=1.0)  # (K,)
+    residual = (p[:K] - q).clamp_min(0)  # (K, V)
+    total = residual.sum(-1, keepdim=True)  # (K, 1)
+    residual = torch.where(total > 0, residual / total.clamp_min(torch.finfo(p.dtype).tiny), p[:K])
+    return accept, torch.cat([residual, p[K:]], dim=0)
+
+
 def accept_speculative(
     draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None
 ) -> tuple[int, int]:
@@ -34,26 +56,13 @@ def accept_speculative(
     distributions (after the same temperature / top-k / top-p as q).
     Draft i is accepted with probability min(1, p_i(x) / q_i(x)). At the first rejection the
     next token is drawn from norm(max(0, p_i - q_i)); if all K pass, from p_K. The output is then
-    distributed exactly as p, whatever q is.
-    Edge cases: q_i(x) = 0 (a draft the head could not have drawn, e.g. outside top-k) is
-    treated as ratio +inf only if p_i(x) > 0 and as a rejection otherwise; a residual that is
-    all zeros (p_i == q_i, reachable only through float rounding once x was rejected) falls back
-    to p_i.
+    distributed exactly as p, whatever q is. The probabilities come from `speculative_probs`
+    (edge cases documented there); this function only draws.
     """
     K = draft.shape[0]
-    idx = torch.arange(K)
-    px = p[idx, draft]  # (K,)
-    qx = q[idx, draft]  # (K,)
+    accept, next_dist = speculative_probs(draft, q, p)  # (K,), (K + 1, V)
     u = torch.rand(K, generator=generator, device=p.device, dtype=p.dtype)  # (K,)
-    # accept iff u * q(x) < p(x): equals u < p/q for q > 0, accepts iff p > 0 for q = 0
-    ok = (u * qx < px) & (px > 0)
-    rejected = (~ok).nonzero()
+    rejected = (u >= accept).nonzero()  # u in [0, 1): P(u < a) = a
     n = int(rejected[0, 0]) if rejected.numel() else K
-    if n == K:
-        dist = p[K]
-    else:
-        residual = (p[n] - q[n]).clamp_min(0)
-        total = residual.sum()
-        dist = residual / total if total > 0 else p[n]
-    nxt = torch.multinomial(dist, 1, generator=generator)
+    nxt = torch.multinomial(next_dist[n], 1, generator=generator)
     return n, int(nxt)

@@ -1,0 +1,447 @@
+"""`mtpspec bench`: every decoding method on the same prompts, in one process, measured alike.
+
+Methods run interleaved prompt by prompt after a warm-up, with their order rotating from one
+prompt to the next, so machine noise (another job, thermal throttling) hits all of them alike.
+A method is a name and a `run(ids) -> RunOutput` function; target forwards are counted the
+same way for every method, by a forward hook on the target that is removed after each run.
+Everything measured comes back as dataclasses; `report.py` writes them out.
+
+Methods: `hf` (Hugging Face greedy `generate`, the reference output), `k0` (mtpspec's loop
+without drafts), `mtp` and `mtp_k{k}` (mtpspec with the MTP head), `assisted` (HF assisted
+generation with an independent draft LM) and `lookup` (HF prompt lookup decoding).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .decode import DecodeStats
+from .decode import generate as mtp_generate
+from .errors import DataError, InputError
+from .target import Target
+
+METHODS = ("hf", "k0", "mtp", "assisted", "lookup")
+DEFAULT_PROMPTS = Path(__file__).parent / "prompts" / "default.jsonl"
+ALL = "all"  # the category name of the overall summary
+
+
+# -- prompts ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Prompt:
+    question_id: Any
+    category: str
+    text: str  # the first turn; the chat template is applied to it
+
+
+def load_prompts(path: str | Path | None = None, limit: int | None = None) -> list[Prompt]:
+    """Read a Spec-Bench style jsonl file (`question_id`, `category`, `turns`); None = the
+    built-in set. `limit` keeps an evenly spread subset (every len/limit-th prompt), so a small
+    limit still samples every part of a file that is sorted by category."""
+    p = Path(path).expanduser() if path is not None else DEFAULT_PROMPTS
+    if not p.is_file():
+        raise DataError(f"Prompts file {p} not found. Give a Spec-Bench style .jsonl file with --prompts, "
+                        "or omit it for the built-in set.")
+    prompts = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            turns = obj["turns"]
+            if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+                raise ValueError("`turns` must be a non-empty list of strings")
+            prompts.append(Prompt(obj.get("question_id", n), str(obj.get("category", "default")), turns[0]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise DataError(f"{p}, line {n}: not a Spec-Bench prompt ({e!s}). Each line must be a JSON object "
+                            'like {"question_id": 1, "category": "qa", "turns": ["..."]}.') from None
+    if not prompts:
+        raise DataError(f"Prompts file {p} holds no prompts.")
+    if limit is not None:
+        if limit < 1:
+            raise InputError(f"--limit must be >= 1, got {limit}.")
+        if limit < len(prompts):
+            prompts = [prompts[i * len(prompts) // limit] for i in range(limit)]
+    return prompts
+
+
+# -- configuration ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BenchConfig:
+    # Methods to run, in this order for the first prompt (rotated for each next one).
+    methods: tuple[str, ...] = METHODS
+    # Drafts per round for `mtp`; None = the head's recommended k.
+    k: int | None = None
+    # Extra `mtp_k{k}` methods, one per k.
+    sweep: tuple[int, ...] = ()
+    max_new_tokens: int = 128
+    # Timed repetitions of every (prompt, method); the totals sum over them.
+    reps: int = 1
+    # Prompts run (untimed) by every method before timing starts.
+    warmup: int = 1
+    # Draft length of prompt lookup decoding (HF `prompt_lookup_num_tokens`).
+    lookup_tokens: int = 10
+    # Context lengths at which the drafter-owned memory is reported.
+    contexts: tuple[int, ...] = (512, 2048, 8192)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "methods", tuple(self.methods))
+        object.__setattr__(self, "sweep", tuple(int(k) for k in self.sweep))
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise InputError(f"Unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)} "
+                             "(use --sweep for mtp_k<k>).")
+        if not self.methods and not self.sweep:
+            raise InputError("No methods to run: give --methods and/or --sweep.")
+        if self.k is not None and self.k < 1:
+            raise InputError(f"--k must be >= 1 (k0 is plain decoding), got {self.k}.")
+        if any(k < 1 for k in self.sweep):
+            raise InputError(f"--sweep values must be >= 1, got {list(self.sweep)}.")
+        if self.max_new_tokens < 1 or self.reps < 1 or self.warmup < 0 or self.lookup_tokens < 1:
+            raise InputError("max_new_tokens, reps and lookup_tokens must be >= 1, warmup >= 0.")
+
+    @property
+    def needs_head(self) -> bool:
+        return "mtp" in self.methods or bool(self.sweep)
+
+
+# -- methods ----------------------------------------------------------------------------------
+@dataclass
+class RunOutput:
+    tokens: list[int]  # the new tokens only
+    seconds: float  # wall time of the whole call
+    ttft: float | None  # seconds to the first new token, any drafter prefill included
+    stats: DecodeStats | None  # mtpspec's own loop only
+
+
+@dataclass(frozen=True)
+class DrafterMemory:
+    """Bytes a method's drafter owns beside the target: parameters (and buffers) plus its own
+    KV cache, which grows with the context."""
+
+    param_bytes: int = 0
+    kv_bytes_per_token: int = 0
+
+    def at(self, context: int) -> int:
+        return self.param_bytes + self.kv_bytes_per_token * context
+
+
+@dataclass
+class Method:
+    name: str
+    run: Callable[[torch.Tensor], RunOutput]
+    memory: DrafterMemory = DrafterMemory()
+    k: int | None = None  # drafts per round, for the MTP methods
+
+
+class _FirstTokenClock:
+    """An HF `generate` streamer that notes when the first new token arrives (the first `put`
+    carries the prompt). Duck-typed: `generate` only calls `put` and `end`."""
+
+    def __init__(self) -> None:
+        self.puts = 0
+        self.first: float | None = None
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.first = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+def hf_method(name: str, model: Any, max_new_tokens: int, **generate_kw: Any) -> Method:
+    """A method that calls HF `model.generate` greedily, with extra keyword arguments
+    (`assistant_model`, `prompt_lookup_num_tokens`)."""
+    gc = model.generation_config
+    eos = gc.eos_token_id
+    pad = gc.pad_token_id if gc.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
+    if pad is not None:
+        generate_kw["pad_token_id"] = pad
+
+    def run(ids: torch.Tensor) -> RunOutput:
+        clock = _FirstTokenClock()
+        t0 = time.perf_counter()
+        out = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(ids),
+                             streamer=clock, **generate_kw)
+        seconds = time.perf_counter() - t0
+        ttft = clock.first - t0 if clock.first is not None else None
+        return RunOutput(out[0, ids.shape[1]:].tolist(), seconds, ttft, None)
+
+    return Method(name, run)
+
+
+def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens: int) -> Method:
+    """mtpspec's loop drafting k tokens per round with `head` (k=0 or head=None: no drafts)."""
+
+    def run(ids: torch.Tensor) -> RunOutput:
+        first: list[float] = []
+
+        def on_tokens(new: list[int]) -> None:
+            if not first:
+                first.append(time.perf_counter())
+
+        t0 = time.perf_counter()
+        out = mtp_generate(target, head, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k, on_tokens=on_tokens)
+        seconds = time.perf_counter() - t0
+        return RunOutput(out.sequences[0, ids.shape[1]:].tolist(), seconds, first[0] - t0 if first else None,
+                         out.stats)
+
+    memory = DrafterMemory(param_bytes=head.inference_bytes()) if head is not None and k else DrafterMemory()
+    return Method(name, run, memory, k)
+
+
+def independent_memory(drafter: Any) -> DrafterMemory:
+    """An independent draft LM owns its weights and a KV cache of its own:
+    2 (K and V) * layers * kv_heads * head_dim * element size bytes per cached position."""
+    c = drafter.config
+    heads = int(c.num_attention_heads)
+    kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
+    tensors = list(drafter.parameters()) + list(drafter.buffers())
+    elem = next(iter(drafter.parameters())).element_size()
+    return DrafterMemory(param_bytes=sum(t.numel() * t.element_size() for t in tensors),
+                         kv_bytes_per_token=2 * int(c.num_hidden_layers) * kv_heads * head_dim * elem)
+
+
+def load_drafter(path: str | Path, dtype: torch.dtype) -> Any:
+    """An independent draft LM saved with `save_pretrained` (e.g. <run>/drafter), local files only."""
+    p = Path(path).expanduser()
+    if not (p / "config.json").is_file():
+        raise InputError(f"Drafter {p} is not a saved Hugging Face model directory (no config.json). Pass the "
+                         "<run>/drafter folder written by `mtpspec train --drafter independent`.")
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True).eval()
+    except (OSError, ValueError, KeyError) as e:
+        raise InputError(f"Could not load the drafter from {p}: {e}") from e
+
+
+def build_methods(cfg: BenchConfig, model: Any, head: Any = None, drafter: Any = None) -> tuple[list[Method], list[str]]:
+    """The methods `cfg` asks for, plus notes on any that had to be skipped."""
+    target = Target(model)
+    notes: list[str] = []
+    if cfg.needs_head and head is None:
+        raise InputError("The mtp methods need an MTP head: pass one, or leave mtp out of --methods and --sweep.")
+    k = cfg.k if cfg.k is not None else _head_k(head)
+    methods = []
+    for name in cfg.methods:
+        if name == "hf":
+            methods.append(hf_method("hf", model, cfg.max_new_tokens))
+        elif name == "k0":
+            methods.append(mtpspec_method("k0", target, None, 0, cfg.max_new_tokens))
+        elif name == "mtp":
+            methods.append(mtpspec_method("mtp", target, head, k, cfg.max_new_tokens))
+        elif name == "lookup":
+            methods.append(hf_method("lookup", model, cfg.max_new_tokens, prompt_lookup_num_tokens=cfg.lookup_tokens))
+        elif name == "assisted":
+            if drafter is None:
+                notes.append("assisted: skipped, no independent drafter given (pass --drafter DIR, a model saved "
+                             "by `mtpspec train --drafter independent` in <run>/drafter).")
+                continue
+            if drafter.config.vocab_size != target.vocab_size:
+                raise InputError(f"The drafter's vocabulary ({drafter.config.vocab_size}) differs from the target's "
+                                 f"({target.vocab_size}); assisted generation needs a shared tokenizer.")
+            m = hf_method("assisted", model, cfg.max_new_tokens, assistant_model=drafter)
+            methods.append(Method(m.name, m.run, independent_memory(drafter)))
+    for kk in cfg.sweep:
+        methods.append(mtpspec_method(f"mtp_k{kk}", target, head, kk, cfg.max_new_tokens))
+    return methods, notes
+
+
+def _head_k(head: Any) -> int | None:
+    from .heads import default_k
+
+    return default_k(head) if head is not None else None
+
+
+# -- measuring --------------------------------------------------------------------------------
+@contextmanager
+def count_forwards(model: Any) -> Iterator[list[int]]:
+    """Count top-level forward calls of `model` while the block runs; the hook never outlives it."""
+    count = [0]
+    handle = model.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+    try:
+        yield count
+    finally:
+        handle.remove()
+
+
+@dataclass
+class Record:
+    """One timed run of one method on one prompt."""
+
+    method: str
+    question_id: Any
+    category: str
+    rep: int
+    new_tokens: int
+    seconds: float
+    ttft: float | None
+    target_forwards: int
+    accept_hist: list[int] | None  # mtpspec methods
+    identical: bool | None = None  # output equals hf's (first rep) token for token; None: hf not run
+    first_diff: int | None = None  # index of the first token that differs from hf's output
+    tokens: list[int] = field(default_factory=list, repr=False)
+
+
+@dataclass
+class Summary:
+    """One method over one category (or ALL)."""
+
+    method: str
+    category: str
+    prompts: int
+    new_tokens: int
+    seconds: float
+    tokens_per_s: float
+    speedup_vs_hf: float | None
+    speedup_vs_k0: float | None
+    mean_accepted: float | None  # tokens per target forward that verifies drafts
+    forwards_per_token: float  # target forwards (prefill included) per new token
+    ttft_s: float | None  # mean time to first token
+    identical: int | None  # prompts whose output equals hf's in every rep (None: hf not run)
+    position_acceptance: list[float] | None  # rate at which draft position i was accepted
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    info: dict[str, Any]  # target, dtype, head, drafter, versions, threads
+    methods: list[str]
+    categories: list[str]
+    records: list[Record]
+    summaries: list[Summary]
+    memory: dict[str, DrafterMemory]
+    method_k: dict[str, int | None]
+    notes: list[str]
+    peak_rss_bytes: int
+    best_k: int | None  # the k of the fastest MTP method overall
+
+    def summary(self, method: str, category: str = ALL) -> Summary:
+        return next(s for s in self.summaries if s.method == method and s.category == category)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": asdict(self.config),
+            "info": self.info,
+            "methods": self.methods,
+            "categories": self.categories,
+            "notes": self.notes,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "best_k": self.best_k,
+            "method_k": self.method_k,
+            "memory": {m: {"param_bytes": mem.param_bytes, "kv_bytes_per_token": mem.kv_bytes_per_token,
+                           "bytes_at_context": {str(c): mem.at(c) for c in self.config.contexts}}
+                       for m, mem in self.memory.items()},
+            "summaries": [asdict(s) for s in self.summaries],
+            "records": [{k: v for k, v in asdict(r).items() if k != "tokens"} for r in self.records],
+        }
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process so far (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def run_bench(cfg: BenchConfig, methods: Sequence[Method], prompts: Sequence[Prompt], inputs: Sequence[torch.Tensor],
+              model: Any, info: dict[str, Any] | None = None, notes: Sequence[str] = (),
+              progress: bool = True) -> BenchResult:
+    """Run every method on every prompt (`inputs[i]` holds prompt i's (1, T) ids)."""
+    if not methods:
+        raise InputError("No method left to run (see the notes on skipped methods).")
+    n = len(methods)
+    bar = tqdm(total=n * (min(cfg.warmup, len(inputs)) + len(inputs) * cfg.reps), desc="bench", disable=not progress)
+    bar.set_postfix_str("warm-up")
+    for ids in inputs[: cfg.warmup]:
+        for m in methods:
+            m.run(ids)
+            bar.update()
+    bar.set_postfix_str("")
+
+    records = []
+    for i, (p, ids) in enumerate(zip(prompts, inputs)):
+        for rep in range(cfg.reps):
+            j = (i * cfg.reps + rep) % n  # rotate the order: no method always runs right after another
+            for m in list(methods[j:]) + list(methods[:j]):
+                with count_forwards(model) as forwards:
+                    out = m.run(ids)
+                records.append(Record(m.name, p.question_id, p.category, rep, len(out.tokens), out.seconds, out.ttft,
+                                      forwards[0], out.stats.accept_hist if out.stats else None, tokens=out.tokens))
+                bar.update()
+    bar.close()
+
+    names = [m.name for m in methods]
+    _compare_to_hf(records)
+    categories = list(dict.fromkeys(p.category for p in prompts))
+    summaries = [summarize(records, name, cat) for cat in [ALL, *categories] for name in names]
+    _add_speedups(summaries)
+    method_k = {m.name: m.k for m in methods}
+    timed = [(s.tokens_per_s, method_k[s.method]) for s in summaries if s.category == ALL and method_k[s.method]]
+    return BenchResult(config=cfg, info=dict(info or {}), methods=names, categories=categories, records=records,
+                       summaries=summaries, memory={m.name: m.memory for m in methods}, method_k=method_k,
+                       notes=list(notes), peak_rss_bytes=peak_rss_bytes(),
+                       best_k=max(timed)[1] if timed else None)
+
+
+def _compare_to_hf(records: list[Record]) -> None:
+    """Compare every record's tokens with hf's first-rep output for the same prompt."""
+    ref = {r.question_id: r.tokens for r in records if r.method == "hf" and r.rep == 0}
+    for r in records:
+        if r.question_id not in ref:
+            continue
+        a, b = r.tokens, ref[r.question_id]
+        r.identical = a == b
+        if not r.identical:
+            r.first_diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def summarize(records: Sequence[Record], method: str, category: str = ALL) -> Summary:
+    rs = [r for r in records if r.method == method and category in (ALL, r.category)]
+    tokens = sum(r.new_tokens for r in rs)
+    seconds = sum(r.seconds for r in rs)
+    forwards = sum(r.target_forwards for r in rs)
+    ttfts = [r.ttft for r in rs if r.ttft is not None]
+    if rs and rs[0].accept_hist is not None:  # mtpspec's loop: prefill excluded, from DecodeStats
+        merged = merge_stats(rs)
+        mean_accepted: float | None = merged.mean_accepted
+        positions = merged.position_acceptance or None
+    else:  # HF: every target forward verifies drafts (assisted/lookup verify with the prompt too)
+        mean_accepted, positions = (tokens / forwards if forwards else None), None
+    compared = [r for r in rs if r.identical is not None]
+    qids = {r.question_id for r in compared}
+    identical = sum(all(r.identical for r in compared if r.question_id == q) for q in qids) if compared else None
+    return Summary(method=method, category=category, prompts=len({r.question_id for r in rs}), new_tokens=tokens,
+                   seconds=seconds, tokens_per_s=tokens / seconds if seconds else 0.0, speedup_vs_hf=None,
+                   speedup_vs_k0=None, mean_accepted=mean_accepted,
+                   forwards_per_token=forwards / tokens if tokens else 0.0,
+                   ttft_s=sum(ttfts) / len(ttfts) if ttfts else None, identical=identical,
+                   position_acceptance=positions)
+
+
+def merge_stats(records: Sequence[Record]) -> DecodeStats:
+    """One DecodeStats over many runs of the same method (same k): acceptance histograms summed."""
+    hist = [sum(h) for h in zip(*(r.accept_hist or [] for r in records))]
+    return DecodeStats(rounds=sum(hist), accept_hist=hist, num_draft_tokens=max(len(hist) - 1, 0))
+
+
+def _add_speedups(summaries: list[Summary]) -> None:
+    """Speed-ups are ratios of tokens/s measured in the same run, per category."""
+    base = {(s.method, s.category): s.tokens_per_s for s in summaries}
+    for s in summaries:
+        hf, k0 = base.get(("hf", s.category)), base.get(("k0", s.category))
+        s.speedup_vs_hf = s.tokens_per_s / hf if hf else None
+        s.speedup_vs_k0 = s.tokens_per_s / k0 if k0 else None

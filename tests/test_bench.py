@@ -1,0 +1,135 @@
+"""`mtpspec bench` end to end on a tiny local model: every method runs, every output equals
+hf's token for token (the tiny model in fp32 is exact), and the report files are written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import save_tiny_model_dir
+from typer.testing import CliRunner
+
+from mtpspec import MTPHead, Target
+from mtpspec.bench import load_prompts
+from mtpspec.cli import app
+from mtpspec.config import TrainConfig
+from mtpspec.train import independent_drafter
+
+runner = CliRunner()
+PROMPTS = [
+    {"question_id": 1, "category": "chat", "turns": ["w7 w8 w9 w10", "w11"]},
+    {"question_id": 2, "category": "chat", "turns": ["w20 w21"]},
+    {"question_id": 3, "category": "code", "turns": ["w30 w31 w30 w31 w30"]},
+    {"question_id": 4, "category": "code", "turns": ["w40"]},
+]
+ALL_METHODS = ["hf", "k0", "mtp", "assisted", "lookup", "mtp_k1", "mtp_k2"]
+
+
+def write_prompts(path, prompts=PROMPTS):
+    path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    model, _ = save_tiny_model_dir(tmp / "model")
+    MTPHead.for_target(model).save_pretrained(tmp / "head")
+    drafter = independent_drafter(Target(model), TrainConfig(indep_hidden=16))
+    drafter.save_pretrained(tmp / "drafter")
+    out = tmp / "report"
+    r = runner.invoke(app, ["bench", "--target", str(tmp / "model"), "--head", str(tmp / "head"),
+                            "--drafter", str(tmp / "drafter"), "--prompts", str(write_prompts(tmp / "p.jsonl")),
+                            "--max-new-tokens", "8", "--reps", "1", "--warmup", "1", "--k", "3", "--sweep", "1,2",
+                            "--threads", "1", "--no-progress", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    return out, json.loads((out / "results.json").read_text()), drafter
+
+
+def test_report_files_and_every_method(bench_run):
+    out, res, _ = bench_run
+    for name in ["results.json", "results.md", "speedup.png", "acceptance.png", "memory.png"]:
+        assert (out / name).stat().st_size > 0, name
+    assert res["methods"] == ALL_METHODS
+    md = (out / "results.md").read_text()
+    for m in ALL_METHODS:
+        assert f"| {m} |" in md
+    assert res["categories"] == ["chat", "code"]
+
+
+def test_every_method_is_identical_to_hf(bench_run):
+    _, res, _ = bench_run
+    overall = {s["method"]: s for s in res["summaries"] if s["category"] == "all"}
+    for m in ALL_METHODS:
+        assert overall[m]["identical"] == overall[m]["prompts"] == 4, m
+    assert all(r["identical"] and r["first_diff"] is None for r in res["records"])
+    assert len(res["records"]) == 4 * len(ALL_METHODS)
+
+
+def test_forward_counts_and_acceptance(bench_run):
+    _, res, _ = bench_run
+    overall = {s["method"]: s for s in res["summaries"] if s["category"] == "all"}
+    # Plain decoding: one target forward per new token, the prompt forward included.
+    assert overall["hf"]["forwards_per_token"] == overall["k0"]["forwards_per_token"] == 1.0
+    assert overall["k0"]["mean_accepted"] == 1.0 and overall["hf"]["mean_accepted"] == 1.0
+    # Drafting never costs more than one target forward per token.
+    for m in ALL_METHODS:
+        assert overall[m]["forwards_per_token"] <= 1.0 and overall[m]["mean_accepted"] >= 1.0
+    assert len(overall["mtp"]["position_acceptance"]) == 3 and len(overall["mtp_k2"]["position_acceptance"]) == 2
+    assert overall["hf"]["position_acceptance"] is None
+    assert res["method_k"]["mtp"] == 3 and res["best_k"] in (1, 2, 3)
+    by_category = [s for s in res["summaries"] if s["method"] == "mtp" and s["category"] != "all"]
+    assert sum(s["new_tokens"] for s in by_category) == overall["mtp"]["new_tokens"]
+
+
+def test_drafter_memory(bench_run):
+    _, res, drafter = bench_run
+    mem = res["memory"]
+    c = drafter.config  # 2 layers, 1 kv head of dim 16, fp32: K and V per layer per position
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
+    assert mem["assisted"]["kv_bytes_per_token"] == per_token
+    at = mem["assisted"]["bytes_at_context"]
+    assert at["8192"] - at["512"] == per_token * (8192 - 512)
+    # The MTP head owns only its weights: the same at every context length.
+    assert len(set(mem["mtp"]["bytes_at_context"].values())) == 1 and mem["mtp"]["param_bytes"] > 0
+    assert all(v == 0 for m in ("hf", "k0", "lookup") for v in mem[m]["bytes_at_context"].values())
+
+
+def test_assisted_without_drafter_is_skipped_with_a_note(tmp_path):
+    save_tiny_model_dir(tmp_path / "model")
+    out = tmp_path / "report"
+    r = runner.invoke(app, ["bench", "--target", str(tmp_path / "model"), "--methods", "hf,assisted,lookup",
+                            "--prompts", str(write_prompts(tmp_path / "p.jsonl", PROMPTS[:1])), "--warmup", "0",
+                            "--max-new-tokens", "4", "--no-progress", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["methods"] == ["hf", "lookup"]
+    assert "assisted: skipped" in (out / "results.md").read_text()
+
+
+def test_limit_spreads_over_categories(tmp_path):
+    prompts = [{"question_id": i, "category": f"c{i // 4}", "turns": [f"w{10 + i}"]} for i in range(12)]
+    got = load_prompts(write_prompts(tmp_path / "p.jsonl", prompts), limit=3)
+    assert [p.category for p in got] == ["c0", "c1", "c2"]
+    assert len(load_prompts(None)) == 24 and len({p.category for p in load_prompts(None)}) == 6
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--prompts", "/no/such/prompts.jsonl"], "not found"),
+        (["--methods", "hf,medusa"], "Unknown method(s) medusa"),
+        (["--sweep", "1,x"], "--sweep must be comma-separated integers"),
+    ],
+)
+def test_user_errors_are_one_line_exit_2(args, message):
+    r = runner.invoke(app, ["bench", *args])
+    assert r.exit_code == 2, r.output
+    assert message in r.stderr and "Traceback" not in r.output
+
+
+def test_malformed_prompt_line_names_the_line(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text(json.dumps(PROMPTS[0]) + "\n{not json\n")
+    r = runner.invoke(app, ["bench", "--prompts", str(p)])
+    assert r.exit_code == 2 and "line 2" in r.stderr

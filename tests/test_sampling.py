@@ -1,0 +1,167 @@
+"""Sampled decoding is lossless: `generate` with a drafter whose q differs from the target's p
+emits continuations distributed exactly as the target's own sampling with the same
+temperature / top-k / top-p. Checked against the exact law of every continuation of a
+tiny-vocabulary target (chi-square), with a misreporting drafter that the same check rejects.
+Also: seeds are reproducible, the global RNG is left alone, and `probs_from_logits` is HF's.
+
+V vocabulary, NEW new tokens per sample.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from conftest import chisquare_pvalue, tiny_model
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+import mtpspec
+from mtpspec import Draft, MTPHead, SamplingConfig
+from mtpspec.sampling import probs_from_logits
+
+V = 6
+NEW = 4  # the prefill's token, then rounds of up to 2 drafts + the target's token
+PROMPT = torch.tensor([[1, 2, 0]])
+SAMPLES = 3000
+
+
+def _small_vocab_target():
+    # One layer at initializer_range 0.3: peaked enough that p is far from uniform, flat enough
+    # that many continuations are likely, and the untrained head's q differs from p so that
+    # every acceptance length occurs.
+    return tiny_model(
+        "llama", vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, initializer_range=0.3,
+    )
+
+
+@torch.no_grad()
+def exact_law(model, cfg: SamplingConfig) -> np.ndarray:
+    """(V**NEW,) probability of each continuation under the target's own sampling; cell index
+    = the continuation's tokens read as base-V digits (itertools.product order)."""
+    conts = torch.tensor(list(itertools.product(range(V), repeat=NEW)))  # (C, NEW)
+    ids = torch.cat([PROMPT.expand(len(conts), -1), conts], dim=1)  # (C, T + NEW)
+    logits = model(ids).logits[:, PROMPT.shape[1] - 1:-1]  # (C, NEW, V): row j predicts token j
+    p = probs_from_logits(logits.reshape(-1, V), cfg).reshape(len(conts), NEW, V)
+    return p.double().gather(-1, conts[..., None]).squeeze(-1).prod(-1).numpy()
+
+
+def sampled_counts(model, drafter, k: int, cfg: SamplingConfig) -> tuple[np.ndarray, list[int]]:
+    """Counts of the continuations of SAMPLES seeded `generate` calls, and the summed
+    acceptance histogram."""
+    counts = np.zeros(V**NEW)
+    hist = [0] * (k + 1)
+    for seed in range(SAMPLES):
+        out = mtpspec.generate(
+            model, drafter, PROMPT, max_new_tokens=NEW, num_draft_tokens=k, eos_token_id=[],
+            temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=seed,
+        )
+        new = out.sequences[0, PROMPT.shape[1]:].tolist()
+        assert len(new) == NEW
+        counts[int(np.ravel_multi_index(new, (V,) * NEW))] += 1
+        hist = [a + b for a, b in zip(hist, out.stats.accept_hist)]
+    return counts, hist
+
+
+class MisreportingDrafter:
+    """Draws its tokens from the head's q but reports a uniform q: the acceptance ratio is then
+    computed against the wrong distribution and the output is no longer the target's."""
+
+    def __init__(self, head: MTPHead):
+        self.head = head
+
+    def propose(self, inp, k, sampling, generator):
+        d = self.head.propose(inp, k, sampling, generator)
+        return Draft(tokens=d.tokens, q=torch.full_like(d.q, 1.0 / d.q.shape[-1]))
+
+
+SETTINGS = {
+    "t1.0": (SamplingConfig(temperature=1.0), 2),
+    "t0.7_k4_p0.9": (SamplingConfig(temperature=0.7, top_k=4, top_p=0.9), 3),
+}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_speculative_sampling_matches_the_target_distribution(setting):
+    cfg, k = SETTINGS[setting]
+    model = _small_vocab_target()
+    counts, hist = sampled_counts(model, MTPHead.for_target(model), k, cfg)
+    # The check is only meaningful if drafts were both rejected and accepted, at every length
+    # a round could reach (with NEW = 4 a round drafts at most 2).
+    assert all(hist[n] > 0 for n in range(3)), hist
+    assert chisquare_pvalue(counts, exact_law(model, cfg)) > 1e-3
+
+
+def test_the_distribution_check_rejects_a_misreported_q():
+    cfg, k = SETTINGS["t1.0"]
+    model = _small_vocab_target()
+    counts, _ = sampled_counts(model, MisreportingDrafter(MTPHead.for_target(model)), k, cfg)
+    assert chisquare_pvalue(counts, exact_law(model, cfg)) < 1e-6
+
+
+# -- reproducibility and RNG hygiene -------------------------------------------------------------
+
+
+def _sample(model, drafter, seed, **kw):
+    return mtpspec.generate(
+        model, drafter, torch.tensor([[5, 17, 42, 8]]), max_new_tokens=20, num_draft_tokens=3,
+        eos_token_id=[], temperature=1.0, seed=seed, **kw,
+    ).sequences
+
+
+def test_same_seed_same_output_different_seeds_differ():
+    model = tiny_model("llama")
+    head = MTPHead.for_target(model)
+    first = _sample(model, head, 0)
+    assert torch.equal(first, _sample(model, head, 0))
+    outputs = {tuple(_sample(model, head, s)[0].tolist()) for s in range(4)}
+    assert len(outputs) == 4
+
+
+@pytest.mark.parametrize("seed", [0, None])
+def test_sampling_leaves_the_global_rng_alone(seed):
+    model = tiny_model("llama")
+    head = MTPHead.for_target(model)  # its init draws from the global RNG: before the snapshot
+    before = torch.get_rng_state()
+    _sample(model, head, seed, top_k=20, top_p=0.9)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_drafter_without_q_is_refused_when_sampling():
+    class NoQ:
+        def propose(self, inp, k, sampling, generator):
+            return Draft(tokens=torch.zeros(k, dtype=torch.long))
+
+    with pytest.raises(mtpspec.InputError, match="no q"):
+        _sample(tiny_model("llama"), NoQ(), 0)
+
+
+# -- probs_from_logits is Hugging Face's warper chain ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p",
+    [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (1.0, 0, 0.9), (0.7, 4, 0.9), (2.0, 10, 0.5),
+     (0.5, 1, 1.0), (1.0, 0, 0.05), (1.0, 100, 0.95)],
+)
+@pytest.mark.parametrize("ties", [False, True])
+def test_probs_from_logits_matches_hf_warpers(temperature, top_k, top_p, ties):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 50, generator=g) * 3
+    if ties:  # integer logits: many tokens tie at the top-k and top-p boundaries
+        logits = logits.round()
+    ids = torch.zeros(8, 1, dtype=torch.long)
+    scores = TemperatureLogitsWarper(temperature)(ids, logits.clone())
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(ids, scores)
+    if top_p < 1.0:
+        scores = TopPLogitsWarper(top_p)(ids, scores)
+    ours = probs_from_logits(logits, SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p))
+    torch.testing.assert_close(ours, scores.softmax(-1), atol=1e-6, rtol=0)
+    assert torch.equal(ours == 0, scores.softmax(-1) == 0)  # the same tokens are cut
