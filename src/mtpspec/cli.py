@@ -338,7 +338,8 @@ def bench(
     if assistant is not None:
         gc = assistant.generation_config  # None = the value transformers fills in at generate time
         names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
-        info["assistant"] = ", ".join(f"{n}={getattr(gc, n, None) or 'HF default'}" for n in names)
+        vals = {n: getattr(gc, n, None) for n in names}
+        info["assistant"] = ", ".join(f"{n}={'HF default' if v is None else v}" for n, v in vals.items())
     if "lookup" in cfg.methods:
         info["lookup"] = f"prompt_lookup_num_tokens={cfg.lookup_tokens}"
     inputs = [chat_ids(loaded.tokenizer, p.text) for p in plist]
