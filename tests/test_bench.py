@@ -133,3 +133,20 @@ def test_malformed_prompt_line_names_the_line(tmp_path):
     p.write_text(json.dumps(PROMPTS[0]) + "\n{not json\n")
     r = runner.invoke(app, ["bench", "--prompts", str(p)])
     assert r.exit_code == 2 and "line 2" in r.stderr
+
+
+def test_forward_counter_counts_and_always_removes_its_hook():
+    import torch
+    from conftest import tiny_model
+
+    from mtpspec.bench import count_forwards
+
+    model = tiny_model()
+    ids = torch.tensor([[5, 6, 7]])
+    with count_forwards(model) as n:
+        model(ids)
+        model(ids)
+    assert n[0] == 2 and not model._forward_hooks
+    with pytest.raises(RuntimeError), count_forwards(model):
+        raise RuntimeError("a failing run")
+    assert not model._forward_hooks

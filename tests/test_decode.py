@@ -91,6 +91,8 @@ def test_max_new_tokens_reached_mid_draft(max_new):
                            max_new_tokens=max_new, num_draft_tokens=4, eos_token_id=[])
     assert torch.equal(out.sequences, ref)
     assert out.stats.new_tokens == max_new
+    # a perfect oracle: every position that was checked passed, even in capped final rounds
+    assert all(r == 1.0 for r, c in zip(out.stats.position_acceptance, out.stats.pos_checked) if c)
 
 
 def test_k_zero_is_plain_decoding():
@@ -124,6 +126,9 @@ def test_stats_are_consistent():
     assert s.new_tokens == 30
     assert s.mean_accepted == pytest.approx(sum((n + 1) * c for n, c in enumerate(s.accept_hist)) / s.rounds)
     assert len(s.position_acceptance) == 3 and all(0 <= r <= 1 for r in s.position_acceptance)
+    # the conditional rates multiply back to the histogram's survival counts
+    for i in range(3):
+        assert s.pos_passed[i] == sum(s.accept_hist[i + 1:])
     assert s.draft_s >= 0 and s.verify_s > 0 and s.to_dict()["mean_accepted"] > 1.0
 
 

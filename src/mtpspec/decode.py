@@ -31,6 +31,10 @@ class DecodeStats:
     rounds: int = 0  # draft + verify rounds after the prefill
     num_draft_tokens: int = 0
     accept_hist: list[int] = field(default_factory=list)  # accept_hist[n]: rounds that accepted n drafts
+    # per draft position i: rounds in which draft i was checked (all before it accepted and the
+    # round drafted that far; near max_new_tokens rounds draft fewer), and in which it passed
+    pos_checked: list[int] = field(default_factory=list)
+    pos_passed: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -44,13 +48,8 @@ class DecodeStats:
 
     @property
     def position_acceptance(self) -> list[float]:
-        """Rate at which draft position i (0-based) was accepted, over rounds that drafted it."""
-        rates = []
-        for i in range(len(self.accept_hist) - 1):
-            reached = sum(self.accept_hist[i:])  # rounds that accepted >= i drafts
-            passed = sum(self.accept_hist[i + 1:])
-            rates.append(passed / reached if reached else 0.0)
-        return rates
+        """Conditional acceptance rate of draft position i (0-based): passed / checked."""
+        return [p / c if c else 0.0 for p, c in zip(self.pos_passed, self.pos_checked)]
 
     @property
     def total_s(self) -> float:
@@ -120,7 +119,8 @@ def generate(
     hidden_layers = getattr(getattr(drafter, "config", None), "hidden_layers", (-1,))
     eos = resolve_eos(t, eos_token_id)
     gen = make_generator(sampling, t.device)
-    stats = DecodeStats(num_draft_tokens=k_max, accept_hist=[0] * (k_max + 1))
+    stats = DecodeStats(num_draft_tokens=k_max, accept_hist=[0] * (k_max + 1), pos_checked=[0] * k_max,
+                        pos_passed=[0] * k_max)
 
     def pick(logits: torch.Tensor) -> int:  # (V,) -> the target's own token
         if sampling.greedy:
@@ -179,6 +179,9 @@ def generate(
         stats.target_forwards += 1
         stats.rounds += 1
         stats.accept_hist[n] += 1
+        for i in range(min(n + 1, k)):
+            stats.pos_checked[i] += 1
+            stats.pos_passed[i] += i < n
 
         # Stop at the first EOS and at max_new_tokens, even inside an accepted run.
         for j, tok in enumerate(accepted):
