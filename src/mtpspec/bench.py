@@ -292,6 +292,8 @@ class Record:
     ttft: float | None
     target_forwards: int
     accept_hist: list[int] | None  # mtpspec methods
+    pos_checked: list[int] | None  # mtpspec methods: per draft position, times checked / passed
+    pos_passed: list[int] | None
     identical: bool | None = None  # output equals hf's (first rep) token for token; None: hf not run
     first_diff: int | None = None  # index of the first token that differs from hf's output
     tokens: list[int] = field(default_factory=list, repr=False)
@@ -380,7 +382,9 @@ def run_bench(cfg: BenchConfig, methods: Sequence[Method], prompts: Sequence[Pro
                 with count_forwards(model) as forwards:
                     out = m.run(ids)
                 records.append(Record(m.name, p.question_id, p.category, rep, len(out.tokens), out.seconds, out.ttft,
-                                      forwards[0], out.stats.accept_hist if out.stats else None, tokens=out.tokens))
+                                      forwards[0], out.stats.accept_hist if out.stats else None,
+                                      out.stats.pos_checked if out.stats else None,
+                                      out.stats.pos_passed if out.stats else None, tokens=out.tokens))
                 bar.update()
     bar.close()
 
@@ -434,8 +438,13 @@ def summarize(records: Sequence[Record], method: str, category: str = ALL) -> Su
 
 def merge_stats(records: Sequence[Record]) -> DecodeStats:
     """One DecodeStats over many runs of the same method (same k): acceptance histograms summed."""
-    hist = [sum(h) for h in zip(*(r.accept_hist or [] for r in records))]
-    return DecodeStats(rounds=sum(hist), accept_hist=hist, num_draft_tokens=max(len(hist) - 1, 0))
+    def total(lists: list[list[int] | None]) -> list[int]:
+        return [sum(h) for h in zip(*(x or [] for x in lists))]
+
+    hist = total([r.accept_hist for r in records])
+    return DecodeStats(rounds=sum(hist), accept_hist=hist, num_draft_tokens=max(len(hist) - 1, 0),
+                       pos_checked=total([r.pos_checked for r in records]),
+                       pos_passed=total([r.pos_passed for r in records]))
 
 
 def _add_speedups(summaries: list[Summary]) -> None:
