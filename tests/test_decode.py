@@ -156,3 +156,12 @@ def test_bad_settings_raise_clear_error():
         mtpspec.generate(model, None, ids, num_draft_tokens=-1)
     with pytest.raises(mtpspec.InputError, match="temperature"):
         mtpspec.generate(model, None, ids, temperature=-1.0)
+
+
+def test_drafter_breaking_the_protocol_is_refused():
+    class Short:
+        def propose(self, inp, k, sampling, generator):
+            return mtpspec.Draft(tokens=torch.zeros(max(0, k - 1), dtype=torch.long))
+
+    with pytest.raises(mtpspec.InputError, match="expected"):
+        mtpspec.generate(tiny_model("llama"), Short(), _prompt(4, 0), max_new_tokens=8, num_draft_tokens=3)

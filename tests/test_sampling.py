@@ -22,7 +22,7 @@ from transformers.generation.logits_process import (
 )
 
 import mtpspec
-from mtpspec import Draft, MTPHead, SamplingConfig
+from mtpspec import Draft, HeadConfig, MTPHead, SamplingConfig
 from mtpspec.sampling import probs_from_logits
 
 V = 6
@@ -82,16 +82,19 @@ class MisreportingDrafter:
 
 
 SETTINGS = {
-    "t1.0": (SamplingConfig(temperature=1.0), 2),
-    "t0.7_k4_p0.9": (SamplingConfig(temperature=0.7, top_k=4, top_p=0.9), 3),
+    # name: (sampling, num_draft_tokens, head config)
+    "t1.0": (SamplingConfig(temperature=1.0), 2, HeadConfig()),
+    "t0.7_k4_p0.9": (SamplingConfig(temperature=0.7, top_k=4, top_p=0.9), 3, HeadConfig()),
+    # a reduced draft vocabulary (ids 0..3): q is 0 on tokens 4, 5 where p is not
+    "t1.0_draft_vocab4": (SamplingConfig(temperature=1.0), 2, HeadConfig(draft_vocab_size=4)),
 }
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_speculative_sampling_matches_the_target_distribution(setting):
-    cfg, k = SETTINGS[setting]
+    cfg, k, head_cfg = SETTINGS[setting]
     model = _small_vocab_target()
-    counts, hist = sampled_counts(model, MTPHead.for_target(model), k, cfg)
+    counts, hist = sampled_counts(model, MTPHead.for_target(model, head_cfg), k, cfg)
     # The check is only meaningful if drafts were both rejected and accepted, at every length
     # a round could reach (with NEW = 4 a round drafts at most 2).
     assert all(hist[n] > 0 for n in range(3)), hist
@@ -99,9 +102,9 @@ def test_speculative_sampling_matches_the_target_distribution(setting):
 
 
 def test_the_distribution_check_rejects_a_misreported_q():
-    cfg, k = SETTINGS["t1.0"]
+    cfg, k, head_cfg = SETTINGS["t1.0"]
     model = _small_vocab_target()
-    counts, _ = sampled_counts(model, MisreportingDrafter(MTPHead.for_target(model)), k, cfg)
+    counts, _ = sampled_counts(model, MisreportingDrafter(MTPHead.for_target(model, head_cfg)), k, cfg)
     assert chisquare_pvalue(counts, exact_law(model, cfg)) < 1e-6
 
 

@@ -148,6 +148,8 @@ def generate(
         if k:
             draft = drafter.propose(DraftInput(tokens=tokens, hidden=hidden, cache=cache), k, sampling, gen)  # type: ignore[union-attr]
             drafts = draft.tokens.to(tokens.device)  # (K,)
+            if drafts.shape != (k,):  # a wrong count would make the rollback drop the wrong positions
+                raise InputError(f"{type(drafter).__name__}.propose returned {tuple(drafts.shape)} tokens, expected ({k},).")
         else:
             draft, drafts = None, tokens.new_empty(0)
         t1 = time.perf_counter()
