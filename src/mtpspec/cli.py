@@ -355,5 +355,51 @@ def bench(
     typer.echo(f"report written to {out}/results.md")
 
 
+@app.command()
+@user_errors
+def acceptance(
+    prompts: Path = typer.Option(None, "--prompts", help="Spec-Bench style .jsonl [default: the built-in set]."),
+    limit: int = typer.Option(None, "--limit", help="An evenly spread subset of N prompts."),
+    target: str = typer.Option(None, "--target", "-t", help="Local model dir or .gguf [default: embedded SmolLM2]."),
+    head: Path = typer.Option(None, "--head", help="Saved head [default: the shipped head]."),
+    ks: str = typer.Option("1,2,3,4,5,6", "--ks", help="Comma-separated draft lengths."),
+    temperatures: str = typer.Option("0", "--temperatures", help="Comma-separated temperatures (0 = greedy)."),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
+    dtype: str = typer.Option("fp32", "--dtype"),
+    seed: int = typer.Option(0, "--seed"),
+    out: Path = typer.Option(None, "--out", "-o", help="Also write the rows as JSON here."),
+    threads: int = typer.Option(0, "--threads"),
+) -> None:
+    """Measure the head's acceptance per category, k and temperature (no timing)."""
+    import torch
+
+    from .acceptance import markdown, measure_acceptance
+    from .bench import load_prompts
+    from .errors import InputError
+    from .models import chat_ids, load_target
+    from .target import Target
+
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        k_list = [int(x) for x in ks.split(",") if x.strip()]
+        t_list = [float(x) for x in temperatures.split(",") if x.strip()]
+    except ValueError:
+        raise InputError("--ks and --temperatures must be comma-separated numbers.") from None
+    if not k_list or min(k_list) < 1 or not t_list:
+        raise InputError("--ks needs values >= 1 and --temperatures at least one value.")
+    plist = load_prompts(prompts, limit)
+    loaded = load_target(target, dtype)
+    tgt = Target(loaded.model)
+    mtp = load_head(tgt, loaded.name, head, False, lambda m: typer.echo(m, err=True))
+    inputs = [chat_ids(loaded.tokenizer, p.text) for p in plist]
+    rows = measure_acceptance(tgt, mtp, plist, inputs, k_list, t_list, max_new_tokens, top_p, seed)
+    typer.echo(markdown(rows))
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps([r.to_dict() for r in rows], indent=1) + "\n")
+
+
 def main() -> None:  # pragma: no cover
     app()

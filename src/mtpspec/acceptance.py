@@ -1,0 +1,91 @@
+"""How many tokens a head gets accepted: mean accepted tokens per target forward, per prompt
+category, per draft length k and per sampling temperature, plus per-position rates.
+
+This measures acceptance only (no timing, so it may run beside other work); speed is
+`mtpspec bench`'s job. Sampled runs use a fixed seed per prompt, so a table is reproducible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .bench import Prompt
+from .decode import DecodeStats, generate
+from .target import Target
+
+ALL = "all"
+
+
+@dataclass
+class AcceptanceRow:
+    k: int
+    temperature: float
+    category: str
+    prompts: int = 0
+    new_tokens: int = 0
+    accept_hist: list[int] = field(default_factory=list)
+    pos_checked: list[int] = field(default_factory=list)
+    pos_passed: list[int] = field(default_factory=list)
+
+    def add(self, s: DecodeStats) -> None:
+        self.prompts += 1
+        self.new_tokens += s.new_tokens
+        for name in ("accept_hist", "pos_checked", "pos_passed"):
+            mine, theirs = getattr(self, name), getattr(s, name)
+            setattr(self, name, [a + b for a, b in zip(mine, theirs)] if mine else list(theirs))
+
+    @property
+    def stats(self) -> DecodeStats:
+        return DecodeStats(rounds=sum(self.accept_hist), accept_hist=self.accept_hist, pos_checked=self.pos_checked,
+                           pos_passed=self.pos_passed)
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.stats
+        return {"k": self.k, "temperature": self.temperature, "category": self.category, "prompts": self.prompts,
+                "new_tokens": self.new_tokens, "mean_accepted": round(s.mean_accepted, 3),
+                "position_acceptance": [round(r, 3) for r in s.position_acceptance]}
+
+
+def measure_acceptance(target: Target, head: Any, prompts: Sequence[Prompt], inputs: Sequence[torch.Tensor],
+                       ks: Sequence[int], temperatures: Sequence[float], max_new_tokens: int = 128,
+                       top_p: float = 1.0, seed: int = 0, progress: bool = True) -> list[AcceptanceRow]:
+    rows: dict[tuple[int, float, str], AcceptanceRow] = {}
+    bar = tqdm(total=len(prompts) * len(ks) * len(temperatures), desc="acceptance", unit="run", disable=not progress)
+    for i, (p, ids) in enumerate(zip(prompts, inputs)):
+        for k in ks:
+            for temp in temperatures:
+                out = generate(target, head, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k,
+                               temperature=temp, top_p=top_p if temp > 0 else 1.0, seed=seed + i if temp > 0 else None)
+                for cat in (p.category, ALL):
+                    rows.setdefault((k, temp, cat), AcceptanceRow(k, temp, cat)).add(out.stats)
+                bar.update()
+    bar.close()
+    return list(rows.values())
+
+
+def markdown(rows: Sequence[AcceptanceRow]) -> str:
+    """One table per temperature: categories down, k across; then per-position rates (all)."""
+    out = []
+    temps = sorted({r.temperature for r in rows})
+    ks = sorted({r.k for r in rows})
+    cats = sorted({r.category for r in rows} - {ALL}) + [ALL]
+    by = {(r.k, r.temperature, r.category): r for r in rows}
+    for t in temps:
+        out.append(f"\nMean accepted tokens per target forward, temperature {t:g}:\n")
+        out.append("| category | prompts | " + " | ".join(f"k={k}" for k in ks) + " |")
+        out.append("|---|---:|" + "---:|" * len(ks))
+        for c in cats:
+            cells = [f"{by[(k, t, c)].stats.mean_accepted:.2f}" if (k, t, c) in by else "-" for k in ks]
+            n = next((by[(k, t, c)].prompts for k in ks if (k, t, c) in by), 0)
+            out.append(f"| {c} | {n} | " + " | ".join(cells) + " |")
+        kmax = max(ks)
+        if (kmax, t, ALL) in by:
+            rates = by[(kmax, t, ALL)].stats.position_acceptance
+            out.append(f"\nPer-position acceptance at k={kmax} (conditional on the earlier drafts passing): "
+                       + ", ".join(f"{i + 1}: {r:.2f}" for i, r in enumerate(rates)))
+    return "\n".join(out) + "\n"

@@ -1,0 +1,38 @@
+"""`mtpspec acceptance`: per-category, per-k, per-temperature acceptance tables."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import save_tiny_model_dir
+from typer.testing import CliRunner
+
+from mtpspec import MTPHead
+from mtpspec.cli import app
+
+
+def test_acceptance_table_covers_every_category_k_and_temperature(tmp_path):
+    model, _ = save_tiny_model_dir(tmp_path / "m")
+    MTPHead.for_target(model).save_pretrained(tmp_path / "head")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [f"w{7 + i} w9 w10"]})
+                                 for i, c in enumerate(["qa", "qa", "code"])) + "\n")
+    r = CliRunner().invoke(app, ["acceptance", "--target", str(tmp_path / "m"), "--head", str(tmp_path / "head"),
+                                 "--prompts", str(prompts), "--ks", "1,3", "--temperatures", "0,1.0", "-n", "6",
+                                 "--out", str(tmp_path / "acc.json")])
+    assert r.exit_code == 0, r.output
+    rows = json.loads((tmp_path / "acc.json").read_text())
+    keys = {(x["k"], x["temperature"], x["category"]) for x in rows}
+    assert keys == {(k, t, c) for k in (1, 3) for t in (0.0, 1.0) for c in ("qa", "code", "all")}
+    for x in rows:
+        assert 1.0 <= x["mean_accepted"] <= x["k"] + 1 and len(x["position_acceptance"]) == x["k"]
+        if x["category"] == "all":
+            parts = [y for y in rows if (y["k"], y["temperature"]) == (x["k"], x["temperature"]) and y["category"] != "all"]
+            assert x["prompts"] == sum(y["prompts"] for y in parts) == 3
+            assert x["new_tokens"] == sum(y["new_tokens"] for y in parts)
+    assert "| qa | 2 |" in r.stdout and "temperature 1" in r.stdout
+
+
+def test_acceptance_bad_ks_is_a_clear_error(tmp_path):
+    r = CliRunner().invoke(app, ["acceptance", "--ks", "0"])
+    assert r.exit_code == 2 and "--ks" in r.stderr
