@@ -177,6 +177,7 @@ def train(
     eval_every: int = typer.Option(50, "--eval-every"),
     save_every: int = typer.Option(50, "--save-every"),
     label_weight: float = typer.Option(0.1, "--label-weight"),
+    feature_weight: float = typer.Option(1.0, "--feature-weight", help="Weight of the EAGLE-style feature loss."),
     indep_hidden: int = typer.Option(64, "--indep-hidden"),
     indep_layers: int = typer.Option(2, "--indep-layers"),
     seed: int = typer.Option(0, "--seed"),
@@ -206,7 +207,7 @@ def train(
         torch.set_num_threads(threads)
     cfg = TrainConfig(drafter=drafter, num_steps=num_steps, epochs=epochs, batch_size=batch_size, lr=lr,
                       warmup_steps=warmup_steps, weight_decay=weight_decay, clip=clip, bf16=bf16, holdout=holdout,
-                      eval_every=eval_every, save_every=save_every, label_weight=label_weight,
+                      eval_every=eval_every, save_every=save_every, label_weight=label_weight, feature_weight=feature_weight,
                       indep_hidden=indep_hidden, indep_layers=indep_layers, seed=seed)
     try:
         layers = tuple(int(x) for x in hidden_layers.split(","))

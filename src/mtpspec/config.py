@@ -106,6 +106,10 @@ class TrainConfig:
     save_every: int = 50
     # Weight of the hard-label cross-entropy added to the distillation loss.
     label_weight: float = 0.1
+    # Weight of the feature loss (EAGLE): smooth-L1 between the head's normed state and the
+    # target's own final hidden state at the same position - dense supervision per row. Used
+    # when the head reads the final layer (hidden_layers ending in -1).
+    feature_weight: float = 1.0
     # Hidden size / layers of the independent drafter (drafter="independent").
     indep_hidden: int = 64
     indep_layers: int = 2

@@ -210,23 +210,27 @@ class MTPHead(nn.Module):
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:
         """(B, T, D) -> (B, T, V') over the draft vocabulary (V' = V when it is not reduced)."""
-        h = self.target.final_norm(state)
+        return self.project(self.target.final_norm(state))
+
+    def project(self, normed: torch.Tensor) -> torch.Tensor:
+        """The target's LM head (or its draft-vocabulary rows) on an already-normed state."""
         w = self.target.lm_head.weight if self.draft_weight is None else self.draft_weight
-        return F.linear(h, w)
+        return F.linear(normed, w)
 
     def initial_state(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, T, F) target features -> (B, T, D) the state before the first draft step."""
         return hidden if self.fuse is None else self.fuse(hidden)
 
     def forward(self, hidden: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                num_steps: int, start: int = 0) -> list[torch.Tensor]:
+                num_steps: int, start: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Training-time unroll over a whole sequence, exactly as drafting runs it.
 
         Row t stands for "the last verified position is t": the state starts at the target's
         features h_t, step j feeds token x_{t+1+j} at position t+1+j, and attention sees the
         target's keys 0..t only. Only rows t >= start are computed (the prompt's rows need no
-        drafts). Returns num_steps logits (B, T - start, V'); row t - start of step j predicts
-        x_{t+2+j} and is valid for t + 2 + j < T.
+        drafts). Returns, per step, (the state after the target's final norm (B, R, D), logits
+        (B, R, V')), R = T - start; row t - start of step j predicts x_{t+2+j} and is valid for
+        t + 2 + j < T. The normed state estimates the target's own final hidden at t+1+j.
         """
         B, T, _ = hidden.shape
         state = self.initial_state(hidden[:, start:])  # (B, R, D), R = T - start rows
@@ -239,7 +243,8 @@ class MTPHead(nn.Module):
             tok = F.pad(tokens[:, start + 1 + j:], (0, 1 + j))[:, :R]  # (B, R): x_{t+1+j}, zero past the end
             cos, sin = self._rope(base + 1 + j, state)
             state = self.step(state, tok, cos, sin, keys, values, mask)
-            out.append(self.logits(state))
+            normed = self.target.final_norm(state)
+            out.append((normed, self.project(normed)))
         return out
 
     @torch.no_grad()

@@ -119,7 +119,9 @@ class MTPObjective:
                        self.cfg.num_steps, start)
         total, rows = torch.zeros(()), 0
         ids = batch["ids"]
-        for j, lg in enumerate(logits):
+        D = self.head.target.hidden_size
+        use_feat = self.cfg.feature_weight > 0 and self.head.config.hidden_layers[-1] == -1
+        for j, (normed, lg) in enumerate(logits):
             # step j at row t predicts x_{t+2+j}; the teacher row is t+1+j
             valid = target_rows(batch, 2 + j)[:, start:]
             shift = 1 + j
@@ -127,6 +129,9 @@ class MTPObjective:
             top_ids = F.pad(batch["top_ids"][:, shift:], (0, 0, 0, shift))[:, start:]
             labels = F.pad(ids[:, 2 + j:], (0, 2 + j))[:, start:]
             s, n = distill_loss(lg, top_logp, top_ids, labels, valid, self.vocab_map, self.cfg.label_weight)
+            if use_feat:  # the target's final hidden at t+1+j is the state the head should reach
+                h = F.pad(batch["hidden"][:, shift:, -D:], (0, 0, 0, shift))[:, start:].float()
+                s = s + self.cfg.feature_weight * F.smooth_l1_loss(normed[valid].float(), h[valid], reduction="none").mean(-1).sum()
             total, rows = total + s, rows + n
         return total, rows
 
@@ -142,7 +147,7 @@ class MTPObjective:
                 logits = self.head(b["hidden"].float(), b["ids"], b["keys"].float(), b["values"].float(), K)
             valid = target_rows(b, 1 + K)  # all K steps have a label
             ok = []
-            for j, lg in enumerate(logits):
+            for j, (_, lg) in enumerate(logits):
                 pred = lg.argmax(-1)
                 if self.head.draft_ids is not None:
                     pred = self.head.draft_ids[pred]
