@@ -137,3 +137,15 @@ def test_bf16_target_runs_and_matches_its_own_greedy():
     # exactness guarantee is stated (and tested) in float32. Here: it runs and is mostly equal.
     same = (plain.sequences == spec.sequences).float().mean()
     assert same > 0.5
+
+
+def test_recommended_k_per_dtype(tmp_path):
+    from mtpspec.heads import FALLBACK_K, default_k
+
+    model = tiny_model("llama")
+    head = MTPHead.for_target(model)
+    assert default_k(head) == FALLBACK_K
+    head.recommended_k = {"float32": 4, "bfloat16": 2}
+    head.save_pretrained(tmp_path)
+    assert default_k(MTPHead.from_pretrained(tmp_path, model)) == 4
+    assert default_k(MTPHead.from_pretrained(tmp_path, tiny_model("llama").to(torch.bfloat16))) == 2

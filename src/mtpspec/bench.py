@@ -270,9 +270,12 @@ def _head_k(head: Any) -> int | None:
 # -- measuring --------------------------------------------------------------------------------
 @contextmanager
 def count_forwards(model: Any) -> Iterator[list[int]]:
-    """Count top-level forward calls of `model` while the block runs; the hook never outlives it."""
+    """Count forward passes of the target's decoder stack (`model.model`, which both HF
+    `generate` and mtpspec's `Target.forward` run once per pass) while the block runs; the hook
+    never outlives it."""
     count = [0]
-    handle = model.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+    base = getattr(model, "model", model)
+    handle = base.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
     try:
         yield count
     finally:

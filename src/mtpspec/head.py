@@ -97,9 +97,9 @@ class MTPHead(nn.Module):
         D = target.hidden_size
         eps = float(getattr(target.config, "rms_norm_eps", 1e-6))
         self.config = config
-        # Drafts per round that measured best for this head (set by `mtpspec bench --sweep`,
-        # saved with the head); None = use the package fallback.
-        self.recommended_k: int | None = None
+        # Drafts per round that measured best for this head, one int or one per dtype (see
+        # `mtpspec.heads.default_k`), saved with the head; None = the package fallback.
+        self.recommended_k: int | dict[str, int] | None = None
         self.target = target  # a plain object, not a submodule: nothing of it is saved or counted
         self.kv_layer = target.layer_index(config.kv_layer)
         n_feat = len(config.hidden_layers)

@@ -19,5 +19,11 @@ def shipped_head_dir(target_name: str) -> Path | None:
 
 
 def default_k(head: Any) -> int:
-    """Drafts per round: the k the head's bench sweep picked (saved as `recommended_k`)."""
-    return int(getattr(head, "recommended_k", None) or FALLBACK_K)
+    """Drafts per round: the k measured best for this head (saved as `recommended_k`, either
+    one int or one per dtype, e.g. {"float32": 4, "bfloat16": 2}: the cost of verifying k + 1
+    tokens depends on the dtype's kernels)."""
+    rec = getattr(head, "recommended_k", None)
+    if isinstance(rec, dict):
+        dtype = str(next(head.parameters()).dtype).removeprefix("torch.")
+        rec = rec.get(dtype)
+    return int(rec or FALLBACK_K)
