@@ -98,6 +98,9 @@ def generate(
             sys.stdout.flush()
             printed[0] = text
 
+    if compare:  # warm both paths up first, so that neither timing pays for first-call setup
+        run(tgt, mtp, ids, num_draft_tokens=k, **{**kw, "max_new_tokens": 8})
+        run(tgt, None, ids, num_draft_tokens=0, **{**kw, "max_new_tokens": 8})
     out = run(tgt, mtp, ids, num_draft_tokens=k, on_tokens=stream, **kw)
     new_ids = out.sequences[0, ids.shape[1]:].tolist()
     s = out.stats
@@ -237,7 +240,8 @@ def costs(
     context: int = typer.Option(256, "--context", help="Cached tokens before the timed forward."),
     max_n: int = typer.Option(9, "--max-n", help="Time target forwards over 1..max_n new tokens."),
     reps: int = typer.Option(15, "--reps"),
-    draft_vocab_size: int = typer.Option(None, "--draft-vocab-size", help="Time a fresh head with this draft vocabulary instead."),
+    draft_vocab_size: int = typer.Option(None, "--draft-vocab-size",
+                                         help="Time a fresh head with this draft vocabulary instead (0 = full)."),
     threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch default)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
