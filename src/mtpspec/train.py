@@ -340,7 +340,7 @@ def train(target: Target, cache_dir: str | Path, out_dir: str | Path, cfg: Train
         metrics_f.close()  # type: ignore[union-attr]
         module.eval()
         if step == total:
-            _save_final(module, cfg, out)
+            _save_final(module, out)
         result["final"] = obj.acceptance(held, cfg.batch_size) if held else {}
         assert before is not None
         changed = [k for k, v in target.model.state_dict().items() if not torch.equal(v, before[k])]
@@ -351,7 +351,7 @@ def train(target: Target, cache_dir: str | Path, out_dir: str | Path, cfg: Train
     return result
 
 
-def _save_final(module: nn.Module, cfg: TrainConfig, out: Path) -> None:
+def _save_final(module: nn.Module, out: Path) -> None:
     if isinstance(module, MTPHead):
         module.save_pretrained(out / "head")
     else:
