@@ -130,6 +130,15 @@ def test_resume_with_other_settings_is_refused(tiny_run, tmp_path):
               progress=False)
 
 
+def _free_port() -> int:
+    """A port nobody listens on now: a fixed one can still be in TIME_WAIT from an earlier run."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_two_ddp_processes_follow_one_process(tiny_run, tmp_path):
     model, root = tiny_run
     worker = Path(__file__).parent / "ddp_worker.py"
@@ -137,7 +146,7 @@ def test_two_ddp_processes_follow_one_process(tiny_run, tmp_path):
     one = subprocess.run([sys.executable, str(worker), str(root / "act"), str(tmp_path / "one")], env=env,
                          capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
                           str(worker), str(root / "act"), str(tmp_path / "two")], env=env, capture_output=True,
                          text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-2000:]
