@@ -189,3 +189,54 @@ def test_activation_cache_resumes_and_checks_settings(tiny_run, tmp_path):
     assert len(a) == len(b) and all(torch.equal(x.top_ids, y.top_ids) for x, y in zip(a, b))
     with pytest.raises(DataError, match="other settings"):
         build_cache(Target(model), root / "data", act, (-1,), -1, teacher_topk=4, per_shard=10, progress=False)
+
+
+
+def test_continuing_a_saved_head_starts_from_its_weights_and_vocabulary(tiny_run, tmp_path):
+    from mtpspec.train import split
+
+    model, root = tiny_run
+    cfg = TrainConfig(epochs=1, **FAST)
+    held = split(load_cache(root / "act"), cfg)[1]
+    train(Target(model), root / "act", tmp_path / "a", cfg, HeadConfig(draft_vocab_size=40), progress=False)
+    saved = MTPHead.from_pretrained(tmp_path / "a" / "head", model).float()
+    # zero steps of a continued run evaluate the saved head itself, not a fresh one
+    r = train(Target(model), root / "act", tmp_path / "b", cfg, init_head=tmp_path / "a" / "head", max_steps=0, progress=False)
+    fresh = train(Target(model), root / "act", tmp_path / "c", cfg, HeadConfig(draft_vocab_size=40), max_steps=0, progress=False)
+    assert r["final"] == pytest.approx(MTPObjective(saved, cfg).acceptance(held, cfg.batch_size))
+    assert r["final"] != fresh["final"]
+    # one more epoch on top changes the weights and keeps the draft vocabulary
+    train(Target(model), root / "act", tmp_path / "e", cfg, init_head=tmp_path / "a" / "head", progress=False)
+    cont = MTPHead.from_pretrained(tmp_path / "e" / "head", model)
+    assert torch.equal(cont.draft_ids, saved.draft_ids)
+    assert not torch.equal(cont.fc.weight.float(), saved.fc.weight)
+    with pytest.raises(InputError, match="at most 6"):
+        train(Target(model), root / "act", tmp_path / "f", TrainConfig(epochs=1, **{**FAST, "num_steps": 7}),
+              init_head=tmp_path / "a" / "head", progress=False)
+
+
+def test_several_data_sets_are_split_one_by_one(tiny_run, tmp_path, monkeypatch):
+    """Adding a data set never moves a sample of the first one across the train/held-out split."""
+    import mtpspec.train as tr
+
+    model, root = tiny_run
+    cfg = TrainConfig(epochs=1, holdout=0.3, **FAST)
+    held_alone = tr.split(load_cache(root / "act"), cfg)[1]
+    calls: list = []
+    real = tr.split
+    monkeypatch.setattr(tr, "split", lambda s, c: calls.append(real(s, c)) or calls[-1])
+    train(Target(model), [root / "act", root / "act"], tmp_path, cfg, max_steps=1, progress=False)
+    assert len(calls) == 2
+    assert [s.ids.tolist() for s in calls[0][1]] == [s.ids.tolist() for s in held_alone]
+
+
+def test_step_decay_weights_later_draft_steps_down(tiny_run):
+    model, root = tiny_run
+    batch = collate(load_cache(root / "act")[:4])
+    torch.manual_seed(0)
+    head = MTPHead.for_target(model, HeadConfig()).float()
+    with torch.no_grad():
+        losses = {d: float(MTPObjective(head, TrainConfig(step_decay=d, **FAST)).loss(head, batch)[0]) for d in (1.0, 0.5, 0.01)}
+    assert losses[1.0] > losses[0.5] > losses[0.01] > 0
+    with pytest.raises(InputError, match="step_decay"):
+        TrainConfig(step_decay=0.0)

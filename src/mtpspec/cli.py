@@ -164,8 +164,9 @@ def data(
 @app.command()
 @user_errors
 def train(
-    data_dir: Path = typer.Option(..., "--data", "-d", help="Directory written by `mtpspec data`."),
-    out: Path = typer.Option(..., "--out", "-o", help="Run directory: activations/, checkpoint.pt, metrics.jsonl, head/."),
+    data_dirs: list[Path] = typer.Option(..., "--data", "-d", help="Directory written by `mtpspec data`; repeat to train on several."),
+    out: Path = typer.Option(..., "--out", "-o", help="Run directory: activations/ (activations-1/, ... for further data sets), "
+                             "checkpoint.pt, metrics.jsonl, head/."),
     target: str = typer.Option(None, "--target", "-t", help="Local model dir or .gguf [default: embedded SmolLM2]."),
     drafter: str = typer.Option("mtp", "--drafter", help="mtp (the head) or independent (baseline draft LM)."),
     num_steps: int = typer.Option(5, "--num-steps", help="Draft steps unrolled in training."),
@@ -181,6 +182,9 @@ def train(
     save_every: int = typer.Option(50, "--save-every"),
     label_weight: float = typer.Option(0.1, "--label-weight"),
     feature_weight: float = typer.Option(1.0, "--feature-weight", help="Weight of the EAGLE-style feature loss."),
+    step_decay: float = typer.Option(1.0, "--step-decay", help="Loss weight of draft step j is step_decay**j."),
+    init_head: Path = typer.Option(None, "--init-head", help="Continue training this saved head (its architecture and "
+                                   "draft vocabulary are kept; the architecture flags below are then ignored)."),
     indep_hidden: int = typer.Option(64, "--indep-hidden"),
     indep_layers: int = typer.Option(2, "--indep-layers"),
     seed: int = typer.Option(0, "--seed"),
@@ -201,6 +205,7 @@ def train(
 
     from .activations import build_cache
     from .config import HeadConfig, TrainConfig
+    from .head import saved_head_config
     from .models import load_target
     from .target import Target
     from .train import init_distributed
@@ -211,22 +216,26 @@ def train(
     cfg = TrainConfig(drafter=drafter, num_steps=num_steps, epochs=epochs, batch_size=batch_size, lr=lr,
                       warmup_steps=warmup_steps, weight_decay=weight_decay, clip=clip, bf16=bf16, holdout=holdout,
                       eval_every=eval_every, save_every=save_every, label_weight=label_weight, feature_weight=feature_weight,
-                      indep_hidden=indep_hidden, indep_layers=indep_layers, seed=seed)
+                      step_decay=step_decay, indep_hidden=indep_hidden, indep_layers=indep_layers, seed=seed)
     try:
         layers = tuple(int(x) for x in hidden_layers.split(","))
     except ValueError:
         raise typer.BadParameter(f"--hidden-layers must be comma-separated integers, got {hidden_layers!r}") from None
     hc = HeadConfig(hidden_layers=layers, kv_layer=kv_layer, num_blocks=num_blocks, mlp_ratio=mlp_ratio,
                     draft_vocab_size=draft_vocab_size, max_draft_tokens=num_steps)
+    if init_head is not None:
+        hc = saved_head_config(init_head)
     rank, world = init_distributed()
-    cache_dir = out / "activations"
-    if rank == 0:  # one pass of the target over the data, resumable, shared by all ranks
-        build_cache(Target(load_target(target, cache_dtype).model), data_dir, cache_dir, hc.hidden_layers,
-                    hc.kv_layer, teacher_topk)
+    cache_dirs = [out / ("activations" if i == 0 else f"activations-{i}") for i in range(len(data_dirs))]
+    if rank == 0:  # one pass of the target over each data set, resumable, shared by all ranks
+        cache_target = Target(load_target(target, cache_dtype).model)
+        for data_dir, cache_dir in zip(data_dirs, cache_dirs):
+            build_cache(cache_target, data_dir, cache_dir, hc.hidden_layers, hc.kv_layer, teacher_topk)
+        del cache_target
     if world > 1:
         dist.barrier()
     tgt = Target(load_target(target, "fp32").model)
-    r = run_train(tgt, cache_dir, out, cfg, hc, resume=resume, max_steps=max_steps)
+    r = run_train(tgt, cache_dirs, out, cfg, hc, resume=resume, max_steps=max_steps, init_head=init_head)
     if rank == 0:
         typer.echo(json.dumps(r))
 

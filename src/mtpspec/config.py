@@ -110,6 +110,9 @@ class TrainConfig:
     # target's own final hidden state at the same position - dense supervision per row. Used
     # when the head reads the final layer (hidden_layers ending in -1).
     feature_weight: float = 1.0
+    # Weight of draft step j's loss is step_decay ** j (1.0 = all steps equal). A later draft
+    # only pays off when every earlier one was accepted, so the early steps matter most.
+    step_decay: float = 1.0
     # Hidden size / layers of the independent drafter (drafter="independent").
     indep_hidden: int = 64
     indep_layers: int = 2
@@ -124,3 +127,5 @@ class TrainConfig:
             raise InputError("holdout must be in [0, 1).")
         if self.lr <= 0:
             raise InputError("lr must be > 0.")
+        if not 0.0 < self.step_decay <= 1.0:
+            raise InputError(f"step_decay must be in (0, 1], got {self.step_decay}.")

@@ -38,6 +38,17 @@ WEIGHTS_NAME = "mtp_head.safetensors"
 FORMAT_VERSION = 1
 
 
+def _read_meta(d: Path) -> dict[str, Any]:
+    if not (d / CONFIG_NAME).is_file() or not (d / WEIGHTS_NAME).is_file():
+        raise InputError(f"{d} is not a saved mtpspec head: expected {CONFIG_NAME} and {WEIGHTS_NAME} in it.")
+    return json.loads((d / CONFIG_NAME).read_text())
+
+
+def saved_head_config(directory: str | Path) -> HeadConfig:
+    """The architecture of a head saved by `MTPHead.save_pretrained`, without loading it."""
+    return HeadConfig.from_dict(_read_meta(Path(directory))["head_config"])
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -171,12 +182,8 @@ class MTPHead(nn.Module):
     def from_pretrained(cls, directory: str | Path, target: Any) -> MTPHead:
         """Load a head saved by `save_pretrained` beside the target it was trained for."""
         d = Path(directory)
-        if not (d / CONFIG_NAME).is_file() or not (d / WEIGHTS_NAME).is_file():
-            raise InputError(
-                f"{d} is not a saved mtpspec head: expected {CONFIG_NAME} and {WEIGHTS_NAME} in it."
-            )
+        meta = _read_meta(d)
         t = target if isinstance(target, Target) else Target(target)
-        meta = json.loads((d / CONFIG_NAME).read_text())
         check_identity(TargetIdentity(**meta["target"]), t.identity(), d)
         state = load_file(str(d / WEIGHTS_NAME))
         head = cls(t, HeadConfig.from_dict(meta["head_config"]), state.get("draft_ids"))

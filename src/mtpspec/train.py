@@ -132,7 +132,8 @@ class MTPObjective:
             if use_feat:  # the target's final hidden at t+1+j is the state the head should reach
                 h = F.pad(batch["hidden"][:, shift:, -D:], (0, 0, 0, shift))[:, start:].float()
                 s = s + self.cfg.feature_weight * F.smooth_l1_loss(normed[valid].float(), h[valid], reduction="none").mean(-1).sum()
-            total, rows = total + s, rows + n
+            # step j only counts if steps 0..j-1 were accepted: weight it down geometrically
+            total, rows = total + self.cfg.step_decay ** j * s, rows + n
         return total, rows
 
     @torch.no_grad()
@@ -224,6 +225,8 @@ def _lr_lambda(cfg: TrainConfig, total: int) -> Callable[[int], float]:
 
 
 def split(samples: list[Sample], cfg: TrainConfig) -> tuple[list[Sample], list[Sample]]:
+    """(train, held-out), a seeded shuffle of one data set. Several data sets are split one by
+    one (see `train`), so adding a data set never moves a sample of another across the split."""
     order = list(range(len(samples)))
     random.Random(cfg.seed).shuffle(order)
     n_hold = int(round(cfg.holdout * len(samples))) if cfg.holdout else 0
@@ -248,11 +251,16 @@ def init_distributed() -> tuple[int, int]:
     return rank, world
 
 
-def train(target: Target, cache_dir: str | Path, out_dir: str | Path, cfg: TrainConfig,
+def train(target: Target, cache_dir: str | Path | list[str | Path], out_dir: str | Path, cfg: TrainConfig,
           head_config: HeadConfig | None = None, resume: bool = False, max_steps: int | None = None,
-          progress: bool = True) -> dict[str, Any]:
+          progress: bool = True, init_head: str | Path | None = None) -> dict[str, Any]:
     """Train a drafter; writes checkpoints, metrics.jsonl and the final drafter into out_dir.
-    `max_steps` stops early (as a kill would) - for tests and time-boxed runs."""
+
+    cache_dir: one activations directory or several (one per data set; each is split into
+    train/held-out on its own). `max_steps` stops early (as a kill would) - for tests and
+    time-boxed runs. `init_head`: a saved head to continue from (its config and draft
+    vocabulary are kept; `head_config` is then ignored), e.g. to go on training on more data.
+    """
     out = Path(out_dir)
     rank, world = init_distributed()
     main = rank == 0
@@ -260,18 +268,29 @@ def train(target: Target, cache_dir: str | Path, out_dir: str | Path, cfg: Train
         out.mkdir(parents=True, exist_ok=True)
     before = {k: v.clone() for k, v in target.model.state_dict().items()} if main else None
 
-    samples = load_cache(cache_dir)
-    train_set, held = split(samples, cfg)
+    train_set, held = [], []
+    for d in cache_dir if isinstance(cache_dir, list) else [cache_dir]:
+        tr, he = split(load_cache(d), cfg)
+        train_set, held = train_set + tr, held + he
     hc = head_config or HeadConfig()
     torch.manual_seed(cfg.seed)
-    if cfg.drafter == "mtp":
+    if init_head is not None and cfg.drafter != "mtp":
+        raise InputError("init_head continues an MTP head; it does not apply to the independent drafter.")
+    if cfg.drafter == "mtp" and init_head is not None:
+        head = MTPHead.from_pretrained(init_head, target).float()
+        if head.config.max_draft_tokens < cfg.num_steps:
+            raise InputError(f"{init_head} drafts at most {head.config.max_draft_tokens} tokens; "
+                             f"train it with num_steps <= that, not {cfg.num_steps}.")
+        head.train()
+        obj: MTPObjective | IndependentObjective = MTPObjective(head, cfg)
+    elif cfg.drafter == "mtp":
         draft_ids = None
         if hc.draft_vocab_size:
             freq = token_frequencies(train_set, target.vocab_size)
             draft_ids = freq.topk(hc.draft_vocab_size).indices.sort().values
         head = MTPHead(target, hc, draft_ids).float()
         head.train()
-        obj: MTPObjective | IndependentObjective = MTPObjective(head, cfg)
+        obj = MTPObjective(head, cfg)
     else:
         obj = IndependentObjective(independent_drafter(target, cfg), cfg)
     module = obj.module()
