@@ -80,3 +80,27 @@ def test_head_for_another_target_is_refused(model_dir, tmp_path):
     MTPHead.for_target(tiny_model("llama", seed=5)).save_pretrained(tmp_path / "other")
     r = runner.invoke(app, ["generate", "--target", str(d), "--head", str(tmp_path / "other"), "--prompt", "w7"])
     assert r.exit_code == 2 and "different target" in r.stderr
+
+
+def test_costs_picks_k_from_acceptance_and_saves_it_in_the_head(model_dir, tmp_path):
+    d, model, _ = model_dir
+    MTPHead.for_target(model).save_pretrained(tmp_path / "head")
+    rates = [{"k": 3, "temperature": 0.0, "category": "all", "position_acceptance": [0.99, 0.99, 0.99]},
+             {"k": 3, "temperature": 0.0, "category": "qa", "position_acceptance": [0.0, 0.0, 0.0]}]
+    (tmp_path / "acc.json").write_text(json.dumps(rates))
+    base = ["costs", "--target", str(d), "--head", str(tmp_path / "head"), "--max-n", "4", "--context", "8", "--reps", "2"]
+    r = runner.invoke(app, base + ["--acceptance", str(tmp_path / "acc.json"), "--save-k", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(out["predicted_speedup"]) == {"1", "2", "3"}
+    top = max(out["predicted_speedup"], key=lambda k: out["predicted_speedup"][k])
+    assert out["best_k"] == (int(top) if out["predicted_speedup"][top] > 1.0 else 0)
+    saved = json.loads((tmp_path / "head" / "mtp_head.json").read_text())["recommended_k"]
+    assert saved == {"float32": out["best_k"]}
+    assert MTPHead.from_pretrained(tmp_path / "head", model).recommended_k == {"float32": out["best_k"]}
+    # the choice needs its evidence; a file without a greedy all-categories row is refused
+    r = runner.invoke(app, base + ["--save-k"])
+    assert r.exit_code == 2 and "--acceptance" in r.output
+    (tmp_path / "bad.json").write_text(json.dumps(rates[1:]))
+    r = runner.invoke(app, base + ["--acceptance", str(tmp_path / "bad.json")])
+    assert r.exit_code == 2 and "all-categories" in r.output

@@ -39,6 +39,17 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _read_json(path: Path) -> Any:
+    from .errors import InputError
+
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path} does not exist.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path} is not valid JSON ({e}).") from None
+
+
 def load_head(target: Any, target_name: str, head: Path | None, fresh: bool, warn: Callable[[str], None]) -> Any:
     """The head to draft with: --head, else the head shipped for the embedded default, else a
     freshly initialised one (with a warning: it will accept almost nothing)."""
@@ -253,16 +264,25 @@ def costs(
     draft_vocab_size: int = typer.Option(None, "--draft-vocab-size",
                                          help="Time a fresh head with this draft vocabulary instead (0 = full)."),
     threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch default)."),
+    acceptance: Path = typer.Option(None, "--acceptance", help="JSON from `mtpspec acceptance --out` for this head: "
+                                    "also predict the speed-up of each k and pick the best."),
+    save_k: bool = typer.Option(False, "--save-k", help="With --acceptance: store the picked k in the head's "
+                                "mtp_head.json as its recommended k for this dtype."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Measure a target forward over n tokens and a head draft step on this machine."""
     import torch
 
     from .config import HeadConfig
-    from .costs import measure_costs
+    from .costs import measure_costs, pick_k, position_rates, predicted_speedup
     from .head import MTPHead
+    from .heads import save_recommended_k, shipped_head_dir
     from .models import load_target
     from .target import Target
+
+    if save_k and acceptance is None:
+        raise typer.BadParameter("--save-k needs --acceptance FILE (the rates the choice is based on).")
+    rates = position_rates(_read_json(acceptance)) if acceptance is not None else None
 
     if threads:
         torch.set_num_threads(threads)
@@ -273,15 +293,29 @@ def costs(
     else:
         mtp = load_head(tgt, loaded.name, head, False, lambda m: typer.echo(m, err=True))
     c = measure_costs(tgt, mtp, max_n=max_n, context=context, reps=reps)
+    speedups = {k: predicted_speedup(c, rates, k) for k in range(1, len(rates) + 1) if k + 1 in c.verify_s} if rates else {}
+    best = pick_k(c, rates) if rates else None
+    if save_k:
+        head_dir = head or shipped_head_dir(loaded.name)
+        if head_dir is None or draft_vocab_size is not None:
+            raise typer.BadParameter("--save-k needs a saved head (--head DIR, or the shipped one).")
+        rec = save_recommended_k(head_dir, c.dtype, best or 0)
+        typer.echo(f"saved recommended_k {rec} in {head_dir}", err=True)
     if as_json:
         typer.echo(json.dumps({"dtype": c.dtype, "context": c.context, "verify_ms": {n: v * 1e3 for n, v in c.verify_s.items()},
-                               "draft_step_ms": c.draft_step_s * 1e3, "draft_vocab": c.draft_vocab}))
+                               "draft_step_ms": c.draft_step_s * 1e3, "draft_vocab": c.draft_vocab,
+                               "predicted_speedup": speedups, "best_k": best}))
         return
     typer.echo(f"{loaded.name} {c.dtype}, {c.context} cached tokens, {torch.get_num_threads()} threads")
     for n, v in c.verify_s.items():
         typer.echo(f"  target forward over {n} token(s): {v * 1e3:7.2f} ms  ({c.relative(n):.2f}x of 1)")
     typer.echo(f"  head draft step ({c.draft_vocab} output rows): {c.draft_step_s * 1e3:.2f} ms "
                f"({c.draft_step_s / c.verify_s[1]:.3f}x of a 1-token target forward)")
+    if rates:
+        typer.echo(f"  acceptance per position: {', '.join(f'{a:.2f}' for a in rates)}")
+        for k, v in speedups.items():
+            typer.echo(f"  k={k}: predicted {v:.2f}x over plain decoding")
+        typer.echo(f"  best k: {best}" + (" (no k beats plain decoding)" if not best else ""))
 
 
 @app.command()

@@ -20,6 +20,7 @@ import torch
 
 from .config import SamplingConfig
 from .draft import DraftInput
+from .errors import InputError
 from .head import MTPHead
 from .target import Target
 
@@ -89,3 +90,13 @@ def pick_k(costs: Costs, position_acceptance: list[float]) -> int:
     ks = [k for k in range(1, len(position_acceptance) + 1) if k + 1 in costs.verify_s]
     best = max(ks, key=lambda k: predicted_speedup(costs, position_acceptance, k), default=0)
     return best if best and predicted_speedup(costs, position_acceptance, best) > 1.0 else 0
+
+
+def position_rates(acceptance_rows: list[dict]) -> list[float]:
+    """Greedy conditional acceptance per draft position, from `mtpspec acceptance --out` rows:
+    the all-categories row with the largest k."""
+    rows = [r for r in acceptance_rows if r.get("category") == "all" and float(r.get("temperature", 0)) == 0.0]
+    if not rows:
+        raise InputError("The acceptance file has no greedy all-categories row; write it with "
+                         "`mtpspec acceptance --temperatures 0 --out FILE`.")
+    return [float(a) for a in max(rows, key=lambda r: r["k"])["position_acceptance"]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,3 +28,15 @@ def default_k(head: Any) -> int:
         dtype = str(next(head.parameters()).dtype).removeprefix("torch.")
         rec = rec.get(dtype)
     return int(rec or FALLBACK_K)
+
+
+def save_recommended_k(head_dir: str | Path, dtype: str, k: int) -> dict[str, int]:
+    """Record `k` as the head's measured best for `dtype` in its saved JSON (other dtypes kept)."""
+    path = Path(head_dir) / CONFIG_NAME
+    meta = json.loads(path.read_text())
+    rec = meta.get("recommended_k")
+    rec = dict(rec) if isinstance(rec, dict) else {}
+    rec[dtype] = int(k)
+    meta["recommended_k"] = rec
+    path.write_text(json.dumps(meta, indent=2) + "\n")
+    return rec
