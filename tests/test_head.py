@@ -149,3 +149,8 @@ def test_recommended_k_per_dtype(tmp_path):
     head.save_pretrained(tmp_path)
     assert default_k(MTPHead.from_pretrained(tmp_path, model)) == 4
     assert default_k(MTPHead.from_pretrained(tmp_path, tiny_model("llama").to(torch.bfloat16))) == 2
+    head.recommended_k = {"float32": 0}  # measured: nothing beats plain decoding in fp32
+    assert default_k(head) == 0
+    other = MTPHead.for_target(tiny_model("llama").to(torch.bfloat16))
+    other.recommended_k = {"float32": 0}  # nothing recorded for bf16
+    assert default_k(other) == FALLBACK_K

@@ -22,12 +22,15 @@ def shipped_head_dir(target_name: str) -> Path | None:
 def default_k(head: Any) -> int:
     """Drafts per round: the k measured best for this head (saved as `recommended_k`, either
     one int or one per dtype, e.g. {"float32": 4, "bfloat16": 2}: the cost of verifying k + 1
-    tokens depends on the dtype's kernels)."""
+    tokens depends on the dtype's kernels).
+
+    A recorded 0 means no k measured faster than plain decoding for that dtype: plain decoding
+    it is (the output is the same either way)."""
     rec = getattr(head, "recommended_k", None)
     if isinstance(rec, dict):
         dtype = str(next(head.parameters()).dtype).removeprefix("torch.")
         rec = rec.get(dtype)
-    return int(rec or FALLBACK_K)
+    return FALLBACK_K if rec is None else int(rec)
 
 
 def save_recommended_k(head_dir: str | Path, dtype: str, k: int) -> dict[str, int]:
