@@ -233,10 +233,10 @@ def train(
         layers = tuple(int(x) for x in hidden_layers.split(","))
     except ValueError:
         raise typer.BadParameter(f"--hidden-layers must be comma-separated integers, got {hidden_layers!r}") from None
-    hc = HeadConfig(hidden_layers=layers, kv_layer=kv_layer, num_blocks=num_blocks, mlp_ratio=mlp_ratio,
-                    draft_vocab_size=draft_vocab_size, max_draft_tokens=num_steps)
-    if init_head is not None:
-        hc = saved_head_config(init_head)
+    # continuing a saved head: its architecture decides what the activation cache holds
+    hc = saved_head_config(init_head) if init_head is not None else HeadConfig(
+        hidden_layers=layers, kv_layer=kv_layer, num_blocks=num_blocks, mlp_ratio=mlp_ratio,
+        draft_vocab_size=draft_vocab_size, max_draft_tokens=num_steps)
     rank, world = init_distributed()
     cache_dirs = [out / ("activations" if i == 0 else f"activations-{i}") for i in range(len(data_dirs))]
     if rank == 0:  # one pass of the target over each data set, resumable, shared by all ranks
@@ -274,7 +274,7 @@ def costs(
     import torch
 
     from .config import HeadConfig
-    from .costs import measure_costs, pick_k, position_rates, predicted_speedup
+    from .costs import measure_costs, pick_k, position_rates, predicted_speedups
     from .head import MTPHead
     from .heads import save_recommended_k, shipped_head_dir
     from .models import load_target
@@ -282,6 +282,8 @@ def costs(
 
     if save_k and acceptance is None:
         raise typer.BadParameter("--save-k needs --acceptance FILE (the rates the choice is based on).")
+    if save_k and draft_vocab_size is not None:
+        raise typer.BadParameter("--save-k stores k in a saved head; --draft-vocab-size times a fresh one.")
     rates = position_rates(_read_json(acceptance)) if acceptance is not None else None
 
     if threads:
@@ -292,13 +294,13 @@ def costs(
         mtp = MTPHead.for_target(tgt, HeadConfig(draft_vocab_size=draft_vocab_size))
     else:
         mtp = load_head(tgt, loaded.name, head, False, lambda m: typer.echo(m, err=True))
+    head_dir = head or shipped_head_dir(loaded.name)
+    if save_k and head_dir is None:
+        raise typer.BadParameter("--save-k needs a saved head (--head DIR, or the shipped one).")
     c = measure_costs(tgt, mtp, max_n=max_n, context=context, reps=reps)
-    speedups = {k: predicted_speedup(c, rates, k) for k in range(1, len(rates) + 1) if k + 1 in c.verify_s} if rates else {}
+    speedups = predicted_speedups(c, rates) if rates else {}
     best = pick_k(c, rates) if rates else None
     if save_k:
-        head_dir = head or shipped_head_dir(loaded.name)
-        if head_dir is None or draft_vocab_size is not None:
-            raise typer.BadParameter("--save-k needs a saved head (--head DIR, or the shipped one).")
         rec = save_recommended_k(head_dir, c.dtype, best or 0)
         typer.echo(f"saved recommended_k {rec} in {head_dir}", err=True)
     if as_json:

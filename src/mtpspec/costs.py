@@ -84,12 +84,17 @@ def predicted_speedup(costs: Costs, position_acceptance: list[float], k: int) ->
     return expected_tokens(position_acceptance, k) / cost
 
 
+def predicted_speedups(costs: Costs, position_acceptance: list[float]) -> dict[int, float]:
+    """k -> predicted speed-up, for k in 1..len(position_acceptance) within the measured costs."""
+    return {k: predicted_speedup(costs, position_acceptance, k)
+            for k in range(1, len(position_acceptance) + 1) if k + 1 in costs.verify_s}
+
+
 def pick_k(costs: Costs, position_acceptance: list[float]) -> int:
-    """The k in 1..len(position_acceptance) (and within the measured costs) with the best
-    predicted speed-up; 0 if no k beats plain decoding."""
-    ks = [k for k in range(1, len(position_acceptance) + 1) if k + 1 in costs.verify_s]
-    best = max(ks, key=lambda k: predicted_speedup(costs, position_acceptance, k), default=0)
-    return best if best and predicted_speedup(costs, position_acceptance, best) > 1.0 else 0
+    """The k with the best predicted speed-up; 0 if no k beats plain decoding."""
+    speedups = predicted_speedups(costs, position_acceptance)
+    best = max(speedups, key=speedups.__getitem__, default=0)
+    return best if best and speedups[best] > 1.0 else 0
 
 
 def position_rates(acceptance_rows: list[dict]) -> list[float]:

@@ -274,23 +274,22 @@ def train(target: Target, cache_dir: str | Path | list[str | Path], out_dir: str
         train_set, held = train_set + tr, held + he
     hc = head_config or HeadConfig()
     torch.manual_seed(cfg.seed)
-    if init_head is not None and cfg.drafter != "mtp":
-        raise InputError("init_head continues an MTP head; it does not apply to the independent drafter.")
-    if cfg.drafter == "mtp" and init_head is not None:
-        head = MTPHead.from_pretrained(init_head, target).float()
-        if head.config.max_draft_tokens < cfg.num_steps:
-            raise InputError(f"{init_head} drafts at most {head.config.max_draft_tokens} tokens; "
-                             f"train it with num_steps <= that, not {cfg.num_steps}.")
+    if cfg.drafter == "mtp":
+        if init_head is not None:
+            head = MTPHead.from_pretrained(init_head, target).float()
+            if head.config.max_draft_tokens < cfg.num_steps:
+                raise InputError(f"{init_head} drafts at most {head.config.max_draft_tokens} tokens; "
+                                 f"train it with num_steps <= that, not {cfg.num_steps}.")
+        else:
+            draft_ids = None
+            if hc.draft_vocab_size:
+                freq = token_frequencies(train_set, target.vocab_size)
+                draft_ids = freq.topk(hc.draft_vocab_size).indices.sort().values
+            head = MTPHead(target, hc, draft_ids).float()
         head.train()
         obj: MTPObjective | IndependentObjective = MTPObjective(head, cfg)
-    elif cfg.drafter == "mtp":
-        draft_ids = None
-        if hc.draft_vocab_size:
-            freq = token_frequencies(train_set, target.vocab_size)
-            draft_ids = freq.topk(hc.draft_vocab_size).indices.sort().values
-        head = MTPHead(target, hc, draft_ids).float()
-        head.train()
-        obj = MTPObjective(head, cfg)
+    elif init_head is not None:
+        raise InputError("init_head continues an MTP head; it does not apply to the independent drafter.")
     else:
         obj = IndependentObjective(independent_drafter(target, cfg), cfg)
     module = obj.module()
