@@ -112,7 +112,7 @@ def write_tiny_data(model, data_dir, n: int = 24, prompt_len: int = 6, new: int 
     the format `mtpspec data` writes."""
     from pathlib import Path
 
-    from mtpspec.data import _save_manifest, _write_shard
+    from mtpspec.training.data import _save_manifest, _write_shard
 
     d = Path(data_dir)
     d.mkdir(parents=True, exist_ok=True)

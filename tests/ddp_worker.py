@@ -10,7 +10,7 @@ from conftest import tiny_model
 
 from mtpspec import HeadConfig, Target
 from mtpspec.config import TrainConfig
-from mtpspec.train import train
+from mtpspec.training.train import train
 
 torch.set_num_threads(1)
 cache_dir, out_dir = sys.argv[1], sys.argv[2]

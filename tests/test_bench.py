@@ -10,10 +10,10 @@ from conftest import save_tiny_model_dir
 from typer.testing import CliRunner
 
 from mtpspec import MTPHead, Target
-from mtpspec.bench import load_prompts
+from mtpspec.prompts import load_prompts
 from mtpspec.cli import app
 from mtpspec.config import TrainConfig
-from mtpspec.train import independent_drafter
+from mtpspec.training.train import independent_drafter
 
 runner = CliRunner()
 PROMPTS = [
@@ -139,7 +139,7 @@ def test_forward_counter_counts_and_always_removes_its_hook():
     import torch
     from conftest import tiny_model
 
-    from mtpspec.bench import count_forwards
+    from mtpspec.measure.bench import count_forwards
 
     model = tiny_model()
     ids = torch.tensor([[5, 6, 7]])

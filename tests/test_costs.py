@@ -6,7 +6,7 @@ import pytest
 from conftest import tiny_model
 
 from mtpspec import MTPHead, Target
-from mtpspec.costs import Costs, expected_tokens, measure_costs, pick_k, predicted_speedup
+from mtpspec.measure.costs import Costs, expected_tokens, measure_costs, pick_k, predicted_speedup
 
 
 def _costs(rel: dict[int, float], step: float = 0.02) -> Costs:

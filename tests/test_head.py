@@ -140,7 +140,7 @@ def test_bf16_target_runs_and_matches_its_own_greedy():
 
 
 def test_recommended_k_per_dtype(tmp_path):
-    from mtpspec.heads import FALLBACK_K, default_k
+    from mtpspec.pretrained import FALLBACK_K, default_k
 
     model = tiny_model("llama")
     head = MTPHead.for_target(model)

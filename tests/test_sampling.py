@@ -23,7 +23,7 @@ from transformers.generation.logits_process import (
 
 import mtpspec
 from mtpspec import Draft, HeadConfig, MTPHead, SamplingConfig
-from mtpspec.sampling import probs_from_logits
+from mtpspec.core.sampling import probs_from_logits
 
 V = 6
 NEW = 4  # the prefill's token, then rounds of up to 2 drafts + the target's token

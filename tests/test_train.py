@@ -15,10 +15,10 @@ from conftest import tiny_model, write_tiny_data
 
 import mtpspec
 from mtpspec import DraftInput, HeadConfig, MTPHead, SamplingConfig, Target
-from mtpspec.activations import build_cache, load_cache, token_frequencies
+from mtpspec.training.activations import build_cache, load_cache, token_frequencies
 from mtpspec.config import TrainConfig
 from mtpspec.errors import DataError, InputError
-from mtpspec.train import MTPObjective, collate, train
+from mtpspec.training.train import MTPObjective, collate, train
 
 FAST = dict(batch_size=8, lr=3e-3, warmup_steps=2, eval_every=1000, save_every=1000, bf16=False, num_steps=3)
 
@@ -193,7 +193,7 @@ def test_activation_cache_resumes_and_checks_settings(tiny_run, tmp_path):
 
 
 def test_continuing_a_saved_head_starts_from_its_weights_and_vocabulary(tiny_run, tmp_path):
-    from mtpspec.train import split
+    from mtpspec.training.train import split
 
     model, root = tiny_run
     cfg = TrainConfig(epochs=1, **FAST)
@@ -217,7 +217,7 @@ def test_continuing_a_saved_head_starts_from_its_weights_and_vocabulary(tiny_run
 
 def test_several_data_sets_are_split_one_by_one(tiny_run, tmp_path, monkeypatch):
     """Adding a data set never moves a sample of the first one across the train/held-out split."""
-    import mtpspec.train as tr
+    import mtpspec.training.train as tr
 
     model, root = tiny_run
     cfg = TrainConfig(epochs=1, holdout=0.3, **FAST)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import chisquare_pvalue
 
-from mtpspec.verify import accept_greedy, accept_speculative, speculative_probs
+from mtpspec.core.verify import accept_greedy, accept_speculative, speculative_probs
 
 
 def _logits_choosing(choices: list[int], V: int = 5) -> torch.Tensor:

@@ -2,11 +2,11 @@
 multi-token-prediction head that cross-attends to the target's own KV cache."""
 
 from .config import HeadConfig, SamplingConfig
-from .decode import DecodeStats, GenerateOutput, generate
-from .draft import Draft, Drafter, DraftInput
+from .core.decode import DecodeStats, GenerateOutput, generate
+from .core.draft import Draft, Drafter, DraftInput
 from .errors import DataError, HeadMismatchError, InputError, MtpspecError, UnsupportedModelError
-from .head import MTPHead
-from .target import SUPPORTED, Target
+from .core.head import MTPHead
+from .core.target import SUPPORTED, Target
 
 __version__ = "0.1.0"
 

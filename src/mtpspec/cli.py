@@ -53,8 +53,8 @@ def _read_json(path: Path) -> Any:
 def load_head(target: Any, target_name: str, head: Path | None, fresh: bool, warn: Callable[[str], None]) -> Any:
     """The head to draft with: --head, else the head shipped for the embedded default, else a
     freshly initialised one (with a warning: it will accept almost nothing)."""
-    from .head import MTPHead
-    from .heads import shipped_head_dir
+    from .core.head import MTPHead
+    from .pretrained import shipped_head_dir
 
     if head is not None:
         return MTPHead.from_pretrained(head, target)
@@ -85,10 +85,10 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
 ) -> None:
     """Generate text from a prompt with speculative decoding, streaming tokens as accepted."""
-    from .decode import generate as run
-    from .heads import default_k
+    from .core.decode import generate as run
+    from .pretrained import default_k
     from .models import chat_ids, load_target
-    from .target import Target
+    from .core.target import Target
 
     loaded = load_target(target, dtype)
     tgt = Target(loaded.model)
@@ -160,7 +160,7 @@ def data(
     """Write self-distillation data: the target's own prompts and responses, as token shards."""
     import torch
 
-    from .data import DataConfig, generate_data
+    from .training.data import DataConfig, generate_data
     from .models import load_target
 
     if threads:
@@ -215,13 +215,13 @@ def train(
     import torch
     import torch.distributed as dist
 
-    from .activations import build_cache
+    from .training.activations import build_cache
     from .config import HeadConfig, TrainConfig
-    from .head import saved_head_config
+    from .core.head import saved_head_config
     from .models import load_target
-    from .target import Target
-    from .train import init_distributed
-    from .train import train as run_train
+    from .core.target import Target
+    from .training.train import init_distributed
+    from .training.train import train as run_train
 
     if threads:
         torch.set_num_threads(threads)
@@ -274,11 +274,11 @@ def costs(
     import torch
 
     from .config import HeadConfig
-    from .costs import measure_costs, pick_k, position_rates, predicted_speedups
-    from .head import MTPHead
-    from .heads import save_recommended_k, shipped_head_dir
+    from .measure.costs import measure_costs, pick_k, position_rates, predicted_speedups
+    from .core.head import MTPHead
+    from .pretrained import save_recommended_k, shipped_head_dir
     from .models import load_target
-    from .target import Target
+    from .core.target import Target
 
     if save_k and acceptance is None:
         raise typer.BadParameter("--save-k needs --acceptance FILE (the rates the choice is based on).")
@@ -347,12 +347,13 @@ def bench(
     import torch
     import transformers
 
-    from .bench import BenchConfig, build_methods, load_drafter, load_prompts, run_bench
+    from .measure.bench import BenchConfig, build_methods, load_drafter, run_bench
+    from .prompts import load_prompts
     from .errors import InputError
-    from .heads import shipped_head_dir
+    from .pretrained import shipped_head_dir
     from .models import chat_ids, load_target, resolve_dtype
-    from .report import write_report
-    from .target import Target
+    from .measure.report import write_report
+    from .core.target import Target
 
     if threads:
         torch.set_num_threads(threads)
@@ -425,11 +426,11 @@ def acceptance(
     """Measure the head's acceptance per category, k and temperature (no timing)."""
     import torch
 
-    from .acceptance import markdown, measure_acceptance
-    from .bench import load_prompts
+    from .measure.acceptance import markdown, measure_acceptance
+    from .prompts import load_prompts
     from .errors import InputError
     from .models import chat_ids, load_target
-    from .target import Target
+    from .core.target import Target
 
     if threads:
         torch.set_num_threads(threads)

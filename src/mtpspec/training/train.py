@@ -32,10 +32,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .activations import Sample, load_cache, token_frequencies
-from .config import HeadConfig, TrainConfig
-from .errors import DataError, InputError
-from .head import MTPHead
-from .target import Target
+from ..config import HeadConfig, TrainConfig
+from ..errors import DataError, InputError
+from ..core.head import MTPHead
+from ..core.target import Target
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"

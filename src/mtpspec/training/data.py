@@ -29,8 +29,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from .errors import DataError, InputError
-from .target import Target
+from ..errors import DataError, InputError
+from ..core.target import Target
 
 MANIFEST = "manifest.json"
 

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .bench import Prompt
-from .decode import DecodeStats, generate
-from .target import Target
+from ..prompts import Prompt
+from ..core.decode import DecodeStats, generate
+from ..core.target import Target
 
 ALL = "all"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import SamplingConfig
+from ..config import SamplingConfig
 
 
 def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

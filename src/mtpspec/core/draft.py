@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import DynamicCache
 
-from .config import SamplingConfig
+from ..config import SamplingConfig
 
 
 @dataclass

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from .config import SamplingConfig
+from ..config import SamplingConfig
 from .draft import Drafter, DraftInput
-from .errors import InputError
+from ..errors import InputError
 from .sampling import make_generator, probs_from_logits, sample
 from .target import Target
 from .verify import accept_greedy, accept_speculative

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
-from .errors import InputError, UnsupportedModelError
+from ..errors import InputError, UnsupportedModelError
 
 # model_type -> human name. All four run the same code path (pre-norm decoder, RoPE on the
 # cached keys, GQA); verified by tests/test_decode.py on tiny random configs of each.

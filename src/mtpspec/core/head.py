@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .config import HeadConfig, SamplingConfig
+from ..config import HeadConfig, SamplingConfig
 from .draft import Draft, DraftInput
-from .errors import HeadMismatchError, InputError
+from ..errors import HeadMismatchError, InputError
 from .sampling import probs_from_logits, sample
 from .target import Target, TargetIdentity
 
@@ -109,7 +109,7 @@ class MTPHead(nn.Module):
         eps = float(getattr(target.config, "rms_norm_eps", 1e-6))
         self.config = config
         # Drafts per round that measured best for this head, one int or one per dtype (see
-        # `mtpspec.heads.default_k`), saved with the head; None = the package fallback.
+        # `mtpspec.pretrained.default_k`), saved with the head; None = the package fallback.
         self.recommended_k: int | dict[str, int] | None = None
         self.target = target  # a plain object, not a submodule: nothing of it is saved or counted
         self.kv_layer = target.layer_index(config.kv_layer)

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import SamplingConfig
-from .draft import DraftInput
-from .errors import InputError
-from .head import MTPHead
-from .target import Target
+from ..config import SamplingConfig
+from ..core.draft import DraftInput
+from ..errors import InputError
+from ..core.head import MTPHead
+from ..core.target import Target
 
 
 @dataclass(frozen=True)

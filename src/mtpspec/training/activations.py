@@ -20,8 +20,8 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from .data import load_samples
-from .errors import DataError
-from .target import Target
+from ..errors import DataError
+from ..core.target import Target
 
 MANIFEST = "activations.json"
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..head import CONFIG_NAME
+from ..core.head import CONFIG_NAME
 
 HERE = Path(__file__).parent
 

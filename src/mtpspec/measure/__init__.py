@@ -1,0 +1,1 @@
+"""Measuring: side-by-side benchmark, acceptance, per-forward costs, reports."""

@@ -1,0 +1,1 @@
+"""Making a head: self-distillation data, cached target activations, training."""
