@@ -20,55 +20,9 @@ from ..config import SamplingConfig
 from .draft import Drafter, DraftInput
 from ..errors import InputError
 from .sampling import make_generator, probs_from_logits, sample
+from .stats import DecodeStats
 from .target import Target
 from .verify import accept_greedy, accept_speculative
-
-
-@dataclass
-class DecodeStats:
-    new_tokens: int = 0
-    target_forwards: int = 0  # including the prefill
-    rounds: int = 0  # draft + verify rounds after the prefill
-    num_draft_tokens: int = 0
-    accept_hist: list[int] = field(default_factory=list)  # accept_hist[n]: rounds that accepted n drafts
-    # per draft position i: rounds in which draft i was checked (all before it accepted and the
-    # round drafted that far; near max_new_tokens rounds draft fewer), and in which it passed
-    pos_checked: list[int] = field(default_factory=list)
-    pos_passed: list[int] = field(default_factory=list)
-    prefill_s: float = 0.0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-
-    @property
-    def mean_accepted(self) -> float:
-        """Tokens produced per verify forward, the target's own token included (1.0 = no gain)."""
-        if not self.rounds:
-            return 1.0
-        return sum((n + 1) * c for n, c in enumerate(self.accept_hist)) / self.rounds
-
-    @property
-    def position_acceptance(self) -> list[float]:
-        """Conditional acceptance rate of draft position i (0-based): passed / checked."""
-        return [p / c if c else 0.0 for p, c in zip(self.pos_passed, self.pos_checked)]
-
-    @property
-    def total_s(self) -> float:
-        return self.prefill_s + self.draft_s + self.verify_s
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "new_tokens": self.new_tokens,
-            "target_forwards": self.target_forwards,
-            "rounds": self.rounds,
-            "num_draft_tokens": self.num_draft_tokens,
-            "mean_accepted": round(self.mean_accepted, 4),
-            "accept_hist": self.accept_hist,
-            "position_acceptance": [round(r, 4) for r in self.position_acceptance],
-            "prefill_s": round(self.prefill_s, 4),
-            "draft_s": round(self.draft_s, 4),
-            "verify_s": round(self.verify_s, 4),
-            "tokens_per_s": round(self.new_tokens / self.total_s, 2) if self.total_s else None,
-        }
 
 
 @dataclass
@@ -119,8 +73,7 @@ def generate(
     hidden_layers = getattr(getattr(drafter, "config", None), "hidden_layers", (-1,))
     eos = resolve_eos(t, eos_token_id)
     gen = make_generator(sampling, t.device)
-    stats = DecodeStats(num_draft_tokens=k_max, accept_hist=[0] * (k_max + 1), pos_checked=[0] * k_max,
-                        pos_passed=[0] * k_max)
+    stats = DecodeStats.empty(k_max)
 
     def pick(logits: torch.Tensor) -> int:  # (V,) -> the target's own token
         if sampling.greedy:
@@ -179,11 +132,7 @@ def generate(
         stats.verify_s += time.perf_counter() - t1
         stats.draft_s += t1 - t0
         stats.target_forwards += 1
-        stats.rounds += 1
-        stats.accept_hist[n] += 1
-        for i in range(min(n + 1, k)):
-            stats.pos_checked[i] += 1
-            stats.pos_passed[i] += i < n
+        stats.record_round(k, n)
 
         # Stop at the first EOS and at max_new_tokens, even inside an accepted run.
         for j, tok in enumerate(accepted):
