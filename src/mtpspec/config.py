@@ -57,16 +57,23 @@ class HeadConfig:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    # 0 = greedy (argmax), as Hugging Face `do_sample=False`.
+    # 0 = greedy (argmax), as Hugging Face `do_sample=False`. None is read as 0.
     temperature: float = 0.0
-    # Keep only the k most likely tokens (0 = off). Applied after temperature.
+    # Keep only the k most likely tokens (0 = off). Applied after temperature. None (Hugging
+    # Face's way to say off) is read as 0.
     top_k: int = 0
     # Keep the smallest set of tokens whose probability reaches top_p (1.0 = off). After top_k.
+    # None is read as 1.0.
     top_p: float = 1.0
     # Seed of the explicit torch.Generator used for sampling; None = nondeterministic.
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        # A generation config copied from Hugging Face says "off" with None: store the value
+        # that means off here, so that no later reader has to handle None.
+        for name, off in (("temperature", 0.0), ("top_k", 0), ("top_p", 1.0)):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, off)
         if self.temperature < 0:
             raise InputError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
         if self.top_k < 0:
@@ -77,7 +84,6 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
-
 
 
 @dataclass(frozen=True)
