@@ -83,6 +83,47 @@ def test_bad_sources_are_clear_errors(tmp_path):
         DataConfig(batch_size=0)
 
 
+def test_no_chat_template_is_refused_before_anything_is_written(tiny, tmp_path):
+    import copy
+
+    model, tok = tiny
+    plain = copy.deepcopy(tok)
+    plain.chat_template = None
+    with pytest.raises(InputError, match="has no chat template"):
+        generate_data(model, plain, tmp_path / "out", DataConfig(num_samples=2, **CFG), progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_prompts_file_leaves_no_output_directory(tiny, tmp_path):
+    model, tok = tiny
+    with pytest.raises(DataError, match="does not exist"):
+        generate_data(model, tok, tmp_path / "out", DataConfig(num_samples=2, **CFG), prompts_file=str(tmp_path / "no.txt"),
+                      progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_damaged_data_directories_are_data_errors(tiny, tmp_path):
+    model, tok = tiny
+    d = tmp_path / "d"
+    generate_data(model, tok, d, DataConfig(num_samples=4, **CFG), progress=False)
+    manifest = (d / "manifest.json").read_text()
+    (d / "manifest.json").write_text(manifest[: len(manifest) // 2])  # cut short, as by a full disk
+    with pytest.raises(DataError, match="manifest.json is not valid JSON"):
+        load_samples(d)
+    with pytest.raises(DataError, match="manifest.json is not valid JSON"):  # resuming reads it too
+        generate_data(model, tok, d, DataConfig(num_samples=4, **CFG), progress=False)
+    (d / "manifest.json").write_text(json.dumps({"num_shards": 1}))
+    with pytest.raises(DataError, match="not an mtpspec data manifest"):
+        load_samples(d)
+    (d / "manifest.json").write_text(manifest)
+    (d / "shard_00000.safetensors").write_bytes(b"not a shard")
+    with pytest.raises(DataError, match="shard_00000.safetensors is missing or unreadable"):
+        load_samples(d)
+    (d / "shard_00000.safetensors").unlink()
+    with pytest.raises(DataError, match="shard_00000.safetensors is missing or unreadable"):
+        load_samples(d)
+
+
 def test_degenerate_filter():
     assert is_degenerate([5, 5, 5, 5, 5, 5, 5, 5, 5, 6])
     assert is_degenerate([1, 2])

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from .data import load_samples
+from .data import load_samples, read_manifest
 from ..errors import DataError
 from ..core.target import Target
 
@@ -46,7 +46,7 @@ def build_cache(target: Target, data_dir: str | Path, cache_dir: str | Path, hid
     kv = target.layer_index(kv_layer)
     settings = {
         "target": asdict(target.identity()),
-        "data": json.loads((Path(data_dir) / "manifest.json").read_text())["settings"],
+        "data": read_manifest(data_dir)["settings"],
         "num_samples": len(samples),
         "hidden_layers": list(hidden_layers),
         "kv_layer": kv,
@@ -57,7 +57,7 @@ def build_cache(target: Target, data_dir: str | Path, cache_dir: str | Path, hid
     }
     mpath = out / MANIFEST
     if mpath.is_file():
-        old = json.loads(mpath.read_text())
+        old = _read_manifest(out)
         if old["settings"] != settings:
             raise DataError(f"{out} holds activations for other settings; delete it or use another --out.")
         done = old["num_shards"]
@@ -90,11 +90,21 @@ def build_cache(target: Target, data_dir: str | Path, cache_dir: str | Path, hid
     return json.loads(mpath.read_text())
 
 
+def _read_manifest(d: Path) -> dict[str, Any]:
+    try:
+        m = json.loads((d / MANIFEST).read_text())
+        if all(k in m for k in ("settings", "num_shards", "total_shards")):
+            return m
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError):
+        pass
+    raise DataError(f"{d / MANIFEST} is damaged; delete {d} and run again to rebuild the cache.")
+
+
 def load_cache(cache_dir: str | Path) -> list[Sample]:
     d = Path(cache_dir)
     if not (d / MANIFEST).is_file():
         raise DataError(f"{d} holds no cached activations ({MANIFEST} missing).")
-    m = json.loads((d / MANIFEST).read_text())
+    m = _read_manifest(d)
     if m["num_shards"] < m["total_shards"]:
         raise DataError(f"{d} is incomplete ({m['num_shards']}/{m['total_shards']} shards); rerun to finish it.")
     out = []

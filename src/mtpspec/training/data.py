@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
@@ -33,6 +34,7 @@ from ..errors import DataError, InputError
 from ..core.target import Target
 
 MANIFEST = "manifest.json"
+_MANIFEST_KEYS = ("target", "settings", "num_samples", "num_shards", "num_tokens", "prompts_consumed")
 
 # Openers for the user turn. The target continues each one, so the prompt's content is its own.
 TASK_OPENERS: dict[str, list[str]] = {
@@ -243,9 +245,19 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
                   prompts_file: str | None = None, corpus: str | None = None, progress: bool = True) -> dict[str, Any]:
     # The model's dtype is part of the settings: bf16 batched generation is ~6x faster than
     # fp32 on CPUs with avx512_bf16, and its rare argmax flips hardly matter for training.
-    """Write `cfg.num_samples` target-generated samples into out_dir (resumable)."""
+    """Write `cfg.num_samples` target-generated samples into out_dir (resumable).
+
+    Everything that can be wrong with the inputs (no chat template, a missing or malformed
+    prompts file or corpus, out_dir holding other data) is refused before out_dir is created,
+    so a failed start leaves nothing behind."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if not getattr(tokenizer, "chat_template", None):
+        name = getattr(tokenizer, "name_or_path", "") or "The target's tokenizer"
+        raise InputError(f"{name} has no chat template; `mtpspec data` writes chat turns (user prompt, then the "
+                         "target's answer) through it. Use a chat/instruct model, or add a chat_template to its "
+                         "tokenizer_config.json.")
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} is a file; give a directory.")
     target = Target(model)
     extra = (read_prompts_file(prompts_file) if prompts_file else []) + (corpus_prompts(corpus) if corpus else [])
     # num_samples is not a setting: a finished run can be extended by asking for more.
@@ -253,6 +265,7 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
                 "prompts_file": prompts_file, "corpus": corpus,
                 "dtype": str(target.dtype).removeprefix("torch.")}
     manifest = _load_manifest(out, target, settings)
+    out.mkdir(parents=True, exist_ok=True)
     stop_ids = stop_token_ids(model, tokenizer)
     done = manifest["num_samples"]
     stream = _prompt_stream(cfg, extra)
@@ -331,9 +344,8 @@ def _write_shard(path: Path, samples: list[tuple[list[int], int]]) -> None:
 
 def _load_manifest(out: Path, target: Target, settings: dict[str, Any]) -> dict[str, Any]:
     ident = asdict(target.identity())
-    path = out / MANIFEST
-    if path.is_file():
-        m = json.loads(path.read_text())
+    if (out / MANIFEST).is_file():
+        m = read_manifest(out)
         if m["target"] != ident:
             raise DataError(f"{out} holds data from a different target ({m['target']}); use another --out.")
         if m["settings"] != settings:
@@ -350,15 +362,36 @@ def _save_manifest(out: Path, m: dict[str, Any]) -> None:
     tmp.rename(out / MANIFEST)
 
 
+def read_manifest(data_dir: str | Path) -> dict[str, Any]:
+    """The manifest of a data directory written by `mtpspec data`; a DataError if there is none
+    or it is not one."""
+    d = Path(data_dir)
+    path = d / MANIFEST
+    if not path.is_file():
+        raise DataError(f"{d} is not an mtpspec data directory (no {MANIFEST}); run `mtpspec data` first.")
+    try:
+        m = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path} is not valid JSON ({e}); delete {d} and run `mtpspec data` again.") from None
+    missing = [k for k in _MANIFEST_KEYS if not isinstance(m, dict) or k not in m]
+    if missing:
+        raise DataError(f"{path} is not an mtpspec data manifest (missing {', '.join(missing)}); "
+                        f"delete {d} and run `mtpspec data` again.")
+    return m
+
+
 def load_samples(data_dir: str | Path) -> list[tuple[torch.Tensor, int]]:
     """All (token ids (T,), prompt length) pairs of a data directory, in shard order."""
     d = Path(data_dir)
-    if not (d / MANIFEST).is_file():
-        raise DataError(f"{d} is not an mtpspec data directory (no {MANIFEST}); run `mtpspec data` first.")
-    m = json.loads((d / MANIFEST).read_text())
+    m = read_manifest(d)
     out = []
     for i in range(m["num_shards"]):
-        s = load_file(str(d / f"shard_{i:05d}.safetensors"))
+        shard = d / f"shard_{i:05d}.safetensors"
+        try:
+            s = load_file(str(shard))
+        except (OSError, SafetensorError) as e:
+            raise DataError(f"{shard} is missing or unreadable ({e}); the manifest lists {m['num_shards']} shards. "
+                            "Rerun `mtpspec data` with the same flags to rewrite it.") from None
         for seq, pl in zip(torch.split(s["ids"].long(), s["lengths"].tolist()), s["prompt_lengths"].tolist()):
             out.append((seq, int(pl)))
     if not out:
