@@ -69,6 +69,8 @@ class OracleDrafter:
     """Proposes the known true continuation. With `inject=True` each round gets one wrong token
     at an offset drawn uniformly from 0..k (k = no error), so every acceptance length occurs."""
 
+    hidden_layers = (-1,)
+
     def __init__(self, continuation: list[int], vocab: int, inject: bool = True, seed: int = 0):
         self.cont = continuation
         self.vocab = vocab
@@ -83,6 +85,9 @@ class OracleDrafter:
             if at < k:
                 out[at] = (out[at] + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
         return Draft(tokens=torch.tensor(out, dtype=torch.long))
+
+    def update(self, drafted: int, accepted: int) -> None:
+        pass
 
 
 def save_tiny_model_dir(path, family: str = "llama"):

@@ -73,12 +73,17 @@ class MisreportingDrafter:
     """Draws its tokens from the head's q but reports a uniform q: the acceptance ratio is then
     computed against the wrong distribution and the output is no longer the target's."""
 
+    hidden_layers = (-1,)
+
     def __init__(self, head: MTPHead):
         self.head = head
 
     def propose(self, inp, k, sampling, generator):
         d = self.head.propose(inp, k, sampling, generator)
         return Draft(tokens=d.tokens, q=torch.full_like(d.q, 1.0 / d.q.shape[-1]))
+
+    def update(self, drafted, accepted):
+        pass
 
 
 SETTINGS = {
@@ -138,8 +143,13 @@ def test_sampling_leaves_the_global_rng_alone(seed):
 
 def test_drafter_without_q_is_refused_when_sampling():
     class NoQ:
+        hidden_layers = (-1,)
+
         def propose(self, inp, k, sampling, generator):
             return Draft(tokens=torch.zeros(k, dtype=torch.long))
+
+        def update(self, drafted, accepted):
+            pass
 
     with pytest.raises(mtpspec.InputError, match="no q"):
         _sample(tiny_model("llama"), NoQ(), 0)

@@ -1,28 +1,58 @@
-"""The one decode loop: draft -> verify -> accept -> roll back.
+"""The one decode loop: `prefill` once, then `step` until done. `generate` is that loop.
 
-Letters: T prompt length, K drafts per round, V vocabulary, F head features.
+Letters: T prompt length, N drafts in a round (a chain of k, or a tree of k nodes), M = N + 1
+verify rows, V vocabulary, F drafter features.
 
-Invariant at the top of every round: the target's cache holds positions 0..L-1, `hidden` is
-the target's features at L-1, and `tokens[-1]` (position L) is the target's own choice for the
-next token, already emitted but not yet run through the target.
+Invariant between steps: the target's cache holds positions 0..L-1, `state.hidden` is the
+target's features at L-1, and `state.tokens[-1]` (position L) is the target's own choice for
+the next token, already emitted but not yet run through the target. Streaming, the CLI and a
+server drive `step` directly; nothing here keeps state outside the `DecodeState`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..config import SamplingConfig
-from .draft import Drafter, DraftInput
 from ..errors import InputError
+from .draft import Draft, Drafter, DraftInput
 from .sampling import make_generator, probs_from_logits, sample
 from .stats import DecodeStats
-from .target import Target
-from .verify import accept_greedy, accept_speculative
+from .target import KVCache, Target
+from .tree import depths, positions, tree_mask
+from .verify import accept
+
+MAX_TREE_SLACK = 64  # cache slots past prompt + max_new_tokens that a verify pass may use
+
+
+@dataclass
+class DecodeState:
+    """Everything one request carries between steps."""
+
+    cache: KVCache  # the target's, L committed positions
+    tokens: torch.Tensor  # (1, L + 1): prompt + emitted tokens; the last is not yet in the cache
+    hidden: torch.Tensor  # (1, F) target features at position L - 1, for the drafter
+    prompt_length: int
+    max_new_tokens: int
+    eos: frozenset[int]
+    sampling: SamplingConfig
+    generator: torch.Generator | None
+    hidden_layers: tuple[int, ...]
+    stats: DecodeStats
+    done: bool = False
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.tokens[0, self.prompt_length:].tolist()
+
+    @property
+    def num_new(self) -> int:
+        return self.tokens.shape[1] - self.prompt_length
 
 
 @dataclass
@@ -31,14 +61,114 @@ class GenerateOutput:
     stats: DecodeStats
 
 
-def resolve_eos(target: Target, eos_token_id: int | Sequence[int] | None) -> set[int]:
+def resolve_eos(target: Target, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
     if eos_token_id is None:
         gc = getattr(target.model, "generation_config", None)
         eos_token_id = getattr(gc, "eos_token_id", None)
     if eos_token_id is None:
-        return set()
+        return frozenset()
     ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    return {int(i) for i in ids}
+    return frozenset(int(i) for i in ids)
+
+
+def _pick(logits: torch.Tensor, state_sampling: SamplingConfig, gen: torch.Generator | None) -> int:
+    """(V,) -> the target's own token: argmax, or a draw from its distribution."""
+    if state_sampling.greedy:
+        return int(logits.argmax())
+    return int(sample(probs_from_logits(logits[None], state_sampling), gen))
+
+
+def _emit(state: DecodeState, accepted: list[int]) -> list[int]:
+    """Append accepted tokens, stopping at the first EOS and at max_new_tokens."""
+    for j, tok in enumerate(accepted):
+        if tok in state.eos:
+            accepted = accepted[: j + 1]
+            break
+    accepted = accepted[: state.max_new_tokens - state.num_new]
+    state.tokens = torch.cat([state.tokens, state.tokens.new_tensor([accepted])], dim=1)
+    state.stats.new_tokens = state.num_new
+    state.done = accepted[-1] in state.eos or state.num_new >= state.max_new_tokens
+    return accepted
+
+
+@torch.no_grad()
+def prefill(
+    target: Target,
+    input_ids: torch.Tensor,
+    max_new_tokens: int = 128,
+    hidden_layers: tuple[int, ...] = (-1,),
+    sampling: SamplingConfig | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    num_draft_tokens: int = 0,
+) -> tuple[DecodeState, list[int]]:
+    """Run the prompt once and pick the first new token. Returns the state and that token."""
+    sampling = sampling or SamplingConfig()
+    input_ids = _check_input(input_ids, target)
+    if max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+    T = input_ids.shape[1]
+    target.check_length(T + max_new_tokens)
+    t0 = time.perf_counter()
+    # The capacity depends on the request only (never on the number of drafts): attention
+    # spans every slot, so plain and speculative decoding then compute bit-identical rows.
+    cache = target.new_cache(T + max_new_tokens + MAX_TREE_SLACK)
+    out = target.forward(input_ids, cache, hidden_layers, logits_to_keep=1)
+    gen = make_generator(sampling, target.device)
+    state = DecodeState(cache=cache, tokens=input_ids, hidden=out.hidden[:, -1], prompt_length=T,
+                        max_new_tokens=max_new_tokens, eos=resolve_eos(target, eos_token_id), sampling=sampling,
+                        generator=gen, hidden_layers=hidden_layers, stats=DecodeStats.empty(num_draft_tokens))
+    first = _emit(state, [_pick(out.logits[0, -1], sampling, gen)])
+    state.stats.prefill_s = time.perf_counter() - t0
+    state.stats.target_forwards = 1
+    return state, first
+
+
+@torch.no_grad()
+def step(target: Target, drafter: Drafter | None, state: DecodeState, num_draft_tokens: int) -> list[int]:
+    """One round: draft, verify in one target forward, accept, roll back. Returns the tokens
+    it emitted (at least one: the target's own), already appended to `state`."""
+    if state.done:
+        return []
+    # Never draft past max_new_tokens: the round always adds the target's own token too.
+    k = min(num_draft_tokens if drafter is not None else 0, state.max_new_tokens - state.num_new - 1)
+    L = state.cache.length
+
+    # 1. Draft k tokens (a chain, or a tree of k nodes); the drafter reads the cache, never writes it.
+    t0 = time.perf_counter()
+    if k > 0:
+        draft = drafter.propose(DraftInput(state.tokens, state.hidden, state.cache), k, state.sampling,  # type: ignore[union-attr]
+                                state.generator)
+        if draft.tokens.shape[0] != k:  # a wrong count would make the rollback keep the wrong slots
+            raise InputError(f"{type(drafter).__name__}.propose returned {draft.tokens.shape[0]} tokens, expected {k}.")
+    else:
+        draft = Draft(tokens=state.tokens.new_empty(0))
+    parents = draft.parent_list()
+    t1 = time.perf_counter()
+
+    # 2. Verify: one target forward over the last committed token and the drafts.
+    rows = torch.cat([state.tokens[:, -1:], draft.tokens.to(state.tokens)[None]], dim=1)  # (1, M)
+    chain = draft.is_chain
+    out = target.forward(rows, state.cache, state.hidden_layers,
+                         positions=None if chain else positions(parents, L).to(rows.device),
+                         tree_mask=None if chain else tree_mask(parents).to(rows.device))
+
+    # 3. Accept the longest agreeing path plus the target's own next token.
+    path, nxt = accept(draft, out.logits[0], state.sampling, state.generator)  # rows, root first
+
+    # 4. Roll the cache back to the accepted path; 5. continue from the features of its last
+    # row, which this verify pass already computed.
+    state.cache.keep(L, path)
+    state.hidden = out.hidden[:, path[-1]]  # (1, F)
+    accepted = [int(t) for t in rows[0, path[1:]]] + [nxt]
+    n = len(path) - 1
+    if drafter is not None and k > 0:
+        drafter.update(k, n)
+    s = state.stats
+    s.draft_s += t1 - t0
+    s.verify_s += time.perf_counter() - t1
+    s.target_forwards += 1
+    s.record_round(k if chain else max(depths(parents)), n)  # a tree checks one node per depth
+    return _emit(state, accepted)
 
 
 @torch.no_grad()
@@ -49,104 +179,35 @@ def generate(
     max_new_tokens: int = 128,
     num_draft_tokens: int = 4,
     eos_token_id: int | Sequence[int] | None = None,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    temperature: float | None = 0.0,
+    top_k: int | None = 0,
+    top_p: float | None = 1.0,
     seed: int | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
 ) -> GenerateOutput:
     """Decode with the target, drafting `num_draft_tokens` per round with `drafter`.
 
-    Greedy (temperature 0) output equals `target.generate(do_sample=False)` token for token;
-    sampled output is distributed exactly as the target's with the same settings.
-    `num_draft_tokens=0` (or `drafter=None`) is plain autoregressive decoding in the same loop.
-    `on_tokens` is called with each round's newly accepted token ids (for streaming).
-    """
+    Greedy (temperature 0) output equals plain decoding (`num_draft_tokens=0`) token for token,
+    in every dtype, and in fp32 equals `model.generate(do_sample=False)`; sampled output is
+    distributed exactly as the target's with the same settings. `on_tokens` is called with
+    each round's new token ids (for streaming). top_k / top_p None mean off, as in HF."""
     t = target if isinstance(target, Target) else Target(target)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    input_ids = _check_input(input_ids, t)
-    if max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
     if num_draft_tokens < 0:
         raise InputError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}.")
-    k_max = num_draft_tokens if drafter is not None else 0
-    hidden_layers = getattr(getattr(drafter, "config", None), "hidden_layers", (-1,))
-    eos = resolve_eos(t, eos_token_id)
-    gen = make_generator(sampling, t.device)
-    stats = DecodeStats.empty(k_max)
-
-    def pick(logits: torch.Tensor) -> int:  # (V,) -> the target's own token
-        if sampling.greedy:
-            return int(logits.argmax())
-        return int(sample(probs_from_logits(logits[None], sampling), gen))
-
-    # 0. Prefill: the whole prompt once; only the last position's logits are needed.
-    t0 = time.perf_counter()
-    cache = t.new_cache()
-    out = t.forward(input_ids, cache, hidden_layers, logits_to_keep=1)
-    hidden = out.hidden[:, -1]  # (1, F)
-    new = [pick(out.logits[0, -1])]
-    stats.prefill_s = time.perf_counter() - t0
-    stats.target_forwards = 1
-    if on_tokens:
-        on_tokens(new[:])
-    tokens = torch.cat([input_ids, input_ids.new_tensor([new])], dim=1)  # (1, L + 1)
-
-    while new[-1] not in eos and len(new) < max_new_tokens:
-        # Never draft past max_new_tokens: the round always adds the target's own token too.
-        k = min(k_max, max_new_tokens - len(new) - 1)
-
-        # 1. Draft k tokens (the drafter reads the cache, never writes it).
-        t0 = time.perf_counter()
-        if k:
-            draft = drafter.propose(DraftInput(tokens=tokens, hidden=hidden, cache=cache), k, sampling, gen)  # type: ignore[union-attr]
-            drafts = draft.tokens.to(tokens.device)  # (K,)
-            if drafts.shape != (k,):  # a wrong count would make the rollback drop the wrong positions
-                raise InputError(f"{type(drafter).__name__}.propose returned {tuple(drafts.shape)} tokens, expected ({k},).")
-        else:
-            draft, drafts = None, tokens.new_empty(0)
-        t1 = time.perf_counter()
-
-        # 2. Verify: one target forward over the last token and the k drafts.
-        step = t.forward(torch.cat([tokens[:, -1:], drafts[None]], dim=1), cache, hidden_layers)
-        logits = step.logits[0]  # (K + 1, V)
-
-        # 3. Accept the longest agreeing prefix plus the target's own next token.
-        if sampling.greedy:
-            n, nxt = accept_greedy(drafts, logits)
-        else:
-            p = probs_from_logits(logits, sampling)  # (K + 1, V)
-            if draft is None:
-                q = p.new_zeros(0, p.shape[1])
-            elif draft.q is None:
-                raise InputError(f"{type(drafter).__name__} returned no q: sampling needs the draft distribution.")
-            else:
-                q = draft.q.to(p)
-            n, nxt = accept_speculative(drafts, q, p, gen)
-
-        # 4. Roll the cache back past the rejected drafts; 5. continue from the hidden state of
-        # the last accepted position, which this verify pass already computed.
-        Target.rollback(cache, k - n)
-        hidden = step.hidden[:, n]  # (1, F)
-        accepted = drafts[:n].tolist() + [nxt]
-        stats.verify_s += time.perf_counter() - t1
-        stats.draft_s += t1 - t0
-        stats.target_forwards += 1
-        stats.record_round(k, n)
-
-        # Stop at the first EOS and at max_new_tokens, even inside an accepted run.
-        for j, tok in enumerate(accepted):
-            if tok in eos:
-                accepted = accepted[: j + 1]
-                break
-        accepted = accepted[: max_new_tokens - len(new)]
-        new.extend(accepted)
-        tokens = torch.cat([tokens, tokens.new_tensor([accepted])], dim=1)
-        if on_tokens:
-            on_tokens(accepted)
-
-    stats.new_tokens = len(new)
-    return GenerateOutput(sequences=tokens, stats=stats)
+    if drafter is not None and not isinstance(drafter, Drafter):
+        raise InputError(f"{type(drafter).__name__} is not a Drafter: it needs `hidden_layers`, `propose()` and "
+                         "`update()` (see mtpspec.core.draft.Drafter).")
+    k = num_draft_tokens if drafter is not None else 0
+    layers = drafter.hidden_layers if drafter is not None else (-1,)
+    state, new = prefill(t, input_ids, max_new_tokens, layers, sampling, eos_token_id, k)
+    while True:
+        if on_tokens and new:
+            on_tokens(new)
+        if state.done:
+            break
+        new = step(t, drafter, state, k)
+    return GenerateOutput(sequences=state.tokens, stats=state.stats)
 
 
 def _check_input(input_ids: Any, t: Target) -> torch.Tensor:

@@ -254,11 +254,19 @@ class MTPHead(nn.Module):
             out.append((normed, self.project(normed)))
         return out
 
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """The target features the head starts from (the `Drafter` protocol)."""
+        return self.config.hidden_layers
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """The head drafts the same way whatever the last round accepted."""
+
     @torch.no_grad()
     def propose(self, inp: DraftInput, k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft:
         """Draft k tokens, one after another, from the target's cache and last hidden state."""
-        keys, values = Target.cached_kv(inp.cache, self.kv_layer)  # (1, Hk, L, hd)
+        keys, values = inp.cache.layer(self.kv_layer)  # (1, Hk, L, hd), views of the target's cache
         L = keys.shape[2]
         state = self.initial_state(inp.hidden.unsqueeze(1))  # (1, 1, D)
         tok = inp.tokens[:, -1:]  # (1, 1): the token at position L

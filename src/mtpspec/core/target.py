@@ -1,13 +1,25 @@
-"""The frozen target: one place that knows how to drive a Hugging Face causal LM.
+"""The frozen target: one place that knows how to run a Hugging Face causal LM.
 
-Letters: B batch, T new tokens in this forward, S cached positions, D hidden size,
-V vocabulary, Hk key/value heads, hd head dim.
+Letters: T new tokens in this forward, S cache slots (capacity), D hidden size, V vocabulary,
+N decoder layers, H query heads, Hk key/value heads, hd head dim, F head input features.
 
-The adapter never modifies the model: it sets eval mode and `requires_grad_(False)` once,
-runs forwards against a `DynamicCache`, hands out read-only views of one layer's cached
-keys/values and crops the cache after a rejection. Every family supported here exposes the
-same pieces (`model.embed_tokens`, `model.norm`, `model.rotary_emb`, `lm_head`), so one
-class covers them; another family would get its own adapter subclass here.
+The adapter reads the model's own modules and weights (never copies or changes them) and runs
+its decoder stack itself, against a static KV cache indexed by slot:
+
+- a verify pass over k + 1 tokens writes k + 1 slots in place; rolling back is `KVCache.keep`
+  (drop a suffix: move a length; keep a tree path: copy a few slots), never a concatenation;
+- every row goes through the kernels `kernels.choose_plan` picked for this machine and dtype,
+  whose results do not depend on how many rows run together, and attention always spans all
+  S slots under a mask, so a row's reduction length never depends on the row count either;
+  that is what makes a k + 1-token verify pass produce exactly the logits of k + 1
+  one-token passes, in bf16 as in fp32;
+- one call per op, no module dispatch, no mask objects, no hidden-state tuples.
+
+Every family supported here is a pre-norm decoder with RoPE'd cached keys and the same module
+names (`model.embed_tokens`, `model.layers[i].self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`,
+`input_layernorm`, `post_attention_layernorm`, `model.norm`, `model.rotary_emb`, `lm_head`);
+family quirks (Qwen2's q/k/v biases, Qwen3's per-head q/k norms) are read off the modules.
+A family that differs in more than that gets its own adapter here, or is refused.
 """
 
 from __future__ import annotations
@@ -17,13 +29,15 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from ..errors import InputError, UnsupportedModelError
+from .kernels import KernelPlan, attention, choose_plan, linear
 
 # model_type -> human name. All four run the same code path (pre-norm decoder, RoPE on the
 # cached keys, GQA); verified by tests/test_decode.py on tiny random configs of each.
 SUPPORTED = {"llama": "Llama / SmolLM2", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral"}
+SLOT_ALIGN = 64  # cache capacity is a multiple of this: fewer distinct attention lengths
 
 
 @dataclass(frozen=True)
@@ -39,15 +53,108 @@ class TargetIdentity:
 
 @dataclass
 class TargetStep:
-    logits: torch.Tensor  # (B, T_keep, V) float32
-    hidden: torch.Tensor  # (B, T, F) the head's input features, F = D * len(hidden_layers)
+    logits: torch.Tensor  # (1, T_keep, V) float32
+    hidden: torch.Tensor  # (1, T, F) the head's input features, F = D * len(hidden_layers)
+
+
+@dataclass
+class KVCache:
+    """The target's keys (RoPE applied) and values, one slot per committed position.
+
+    Slots 0..length-1 hold positions 0..length-1 of the text so far. A forward appends its T
+    tokens at slots length..length+T-1; `keep` then decides which of them stay."""
+
+    keys: torch.Tensor  # (N, Hk, S, hd)
+    values: torch.Tensor  # (N, Hk, S, hd)
+    length: int = 0
+    # A fixed cache refuses to outgrow S (decoding sizes it once, so that attention spans the
+    # same S slots in every pass); a growable one reallocates (one-off forwards, training).
+    fixed: bool = True
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of layer i's committed keys and values, (1, Hk, length, hd): zero copy."""
+        return self.keys[i, :, : self.length].unsqueeze(0), self.values[i, :, : self.length].unsqueeze(0)
+
+    def keep(self, start: int, rows: list[int]) -> None:
+        """Keep slots 0..start-1 and, after them, slots start + rows[0], start + rows[1], ...
+        (ascending); everything else is dropped. rows = 0..n-1 drops a suffix without copying;
+        a tree path moves its slots into place."""
+        if any(b <= a for a, b in zip(rows, rows[1:])) or (rows and (rows[0] < 0 or start + rows[-1] >= self.length)):
+            raise InputError(f"keep: rows {rows} must ascend within the {self.length - start} slots after {start}.")
+        if rows != list(range(len(rows))):
+            src = torch.tensor(rows, device=self.keys.device) + start
+            self.keys[:, :, start:start + len(rows)] = self.keys[:, :, src]
+            self.values[:, :, start:start + len(rows)] = self.values[:, :, src]
+        self.length = start + len(rows)
+
+    def reserve(self, slots: int) -> None:
+        """Make room for `slots` slots: a growable cache reallocates, a fixed one refuses."""
+        if slots <= self.capacity:
+            return
+        if self.fixed:
+            raise InputError(f"the cache holds {self.capacity} slots; {slots} were asked for.")
+        S = -(-slots // SLOT_ALIGN) * SLOT_ALIGN
+        N, Hk, _, hd = self.keys.shape
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros(N, Hk, S, hd)
+            new[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, new)
+
+    def truncate(self, length: int) -> None:
+        """Drop every slot from `length` on (a chain's rejected drafts)."""
+        self.keep(length, [])
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """References to one decoder layer's weights (no copies)."""
+
+    ln1: torch.Tensor
+    ln1_eps: float
+    q: tuple[torch.Tensor, torch.Tensor | None]
+    k: tuple[torch.Tensor, torch.Tensor | None]
+    v: tuple[torch.Tensor, torch.Tensor | None]
+    o: tuple[torch.Tensor, torch.Tensor | None]
+    q_norm: nn.Module | None
+    k_norm: nn.Module | None
+    ln2: torch.Tensor
+    ln2_eps: float
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    act: nn.Module
+
+
+def _wb(lin: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return lin.weight, lin.bias
+
+
+def _eps(norm: nn.Module) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """As the supported families compute it: in fp32, cast back, then scale."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
 
 
 class Target:
     """A frozen HF causal LM with the operations speculative decoding needs."""
 
-    def __init__(self, model: PreTrainedModel):
-        if isinstance(model, Target):  # pragma: no cover - defensive
+    def __init__(self, model: PreTrainedModel, plan: KernelPlan | None = None):
+        if isinstance(model, Target):
             raise InputError("Target() got a Target; pass the Hugging Face model.")
         cfg = getattr(model, "config", None)
         model_type = getattr(cfg, "model_type", None)
@@ -60,10 +167,10 @@ class Target:
         window = getattr(cfg, "sliding_window", None)
         if window is not None and (model_type == "mistral" or getattr(cfg, "use_sliding_window", False)):
             raise UnsupportedModelError(
-                f"{model_type} with sliding_window={window} is not supported: a sliding-window cache "
-                "cannot be rolled back exactly. Set config.sliding_window = None to use full attention."
+                f"{model_type} with sliding_window={window} is not supported yet: set config.sliding_window = None "
+                "to use full attention."
             )
-        for path in ("model.embed_tokens", "model.norm", "model.rotary_emb", "lm_head"):
+        for path in ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head"):
             obj = model
             for part in path.split("."):
                 obj = getattr(obj, part, None)
@@ -74,6 +181,24 @@ class Target:
         self.model = model
         self.config = cfg
         self.model_type: str = model_type
+        self._layers = [self._read_layer(layer) for layer in model.model.layers]
+        self._plans: dict[torch.dtype, KernelPlan] = {} if plan is None else {self.dtype: plan}
+
+    def _read_layer(self, layer: nn.Module) -> _Layer:
+        a, m = layer.self_attn, layer.mlp
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            if not isinstance(getattr(a, name, None), nn.Linear):
+                raise UnsupportedModelError(f"{type(self.model).__name__}: attention has no linear `{name}`.")
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            if getattr(getattr(m, name, None), "bias", None) is not None:
+                raise UnsupportedModelError(f"{type(self.model).__name__}: MLP `{name}` has a bias, not supported.")
+        return _Layer(
+            ln1=layer.input_layernorm.weight, ln1_eps=_eps(layer.input_layernorm),
+            q=_wb(a.q_proj), k=_wb(a.k_proj), v=_wb(a.v_proj), o=_wb(a.o_proj),
+            q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None),
+            ln2=layer.post_attention_layernorm.weight, ln2_eps=_eps(layer.post_attention_layernorm),
+            gate=m.gate_proj.weight, up=m.up_proj.weight, down=m.down_proj.weight, act=m.act_fn,
+        )
 
     # -- the pieces the head shares by reference ------------------------------------------
     @property
@@ -117,12 +242,26 @@ class Target:
         return int(getattr(self.config, "head_dim", None) or self.hidden_size // self.num_heads)
 
     @property
+    def max_positions(self) -> int | None:
+        n = getattr(self.config, "max_position_embeddings", None)
+        return int(n) if n else None
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
     @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device
+
+    @property
+    def plan(self) -> KernelPlan:
+        """The kernels this machine runs row-invariantly and fastest (measured once, cached)."""
+        if self.dtype not in self._plans:  # keyed by dtype: the model may be cast after wrapping
+            L = self._layers[0]
+            shapes = [(int(w.shape[0]), int(w.shape[1])) for w in (L.q[0], L.k[0], L.v[0], L.o[0], L.gate, L.up, L.down)]
+            self._plans[self.dtype] = choose_plan(self.dtype, shapes, (self.num_heads, self.num_kv_heads, self.head_dim))
+        return self._plans[self.dtype]
 
     def layer_index(self, i: int) -> int:
         """Resolve a possibly negative decoder-layer index."""
@@ -141,52 +280,103 @@ class Target:
         )
 
     # -- running it ------------------------------------------------------------------------
-    def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.config)
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        """An empty cache for `capacity` positions, rounded up to a multiple of SLOT_ALIGN
+        (None: a growable cache for one-off forwards). Attention spans every slot, so two runs
+        agree bit for bit only with equal capacities: `decode.prefill` derives it from the
+        prompt length and max_new_tokens, never from the number of drafts."""
+        S = -(-max(capacity or 0, 0) // SLOT_ALIGN) * SLOT_ALIGN
+        shape = (self.num_layers, self.num_kv_heads, S, self.head_dim)
+        return KVCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                       torch.zeros(shape, dtype=self.dtype, device=self.device), fixed=capacity is not None)
+
+    def check_length(self, length: int) -> None:
+        """Refuse a text longer than the positions the model was trained for."""
+        if self.max_positions and length > self.max_positions:
+            raise InputError(f"{length} tokens exceed the target's {self.max_positions} positions "
+                             "(max_position_embeddings); shorten the prompt or lower max_new_tokens.")
 
     @torch.no_grad()
     def forward(
         self,
         input_ids: torch.Tensor,
-        cache: DynamicCache,
+        cache: KVCache,
         hidden_layers: tuple[int, ...] = (-1,),
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
         logits_to_keep: int = 0,
     ) -> TargetStep:
-        """Run the new tokens against the cache (which grows by T). `logits_to_keep=n` computes
-        logits for the last n positions only (0 = all): the LM head is a large matmul."""
+        """Run T new tokens against the cache; they are appended at slots length..length+T-1.
+
+        positions (T,): their positions in the text (default length..length+T-1, a chain).
+        tree_mask (T, T) bool: which new tokens each new token may attend (default causal);
+        all committed slots are always visible. logits_to_keep=n computes the LM head for the
+        last n rows only (0 = all): the LM head is the largest matmul.
+        hidden_layers: which features to return, indices into (embeddings, layer 1 input, ...,
+        final normed output) as HF's `output_hidden_states` counts them (-1 = the final one)."""
         B, T = input_ids.shape
-        out = self.model.model(input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=True)
-        hs = out.hidden_states  # (num_layers + 1) x (B, T, D); [-1] is after the final norm
-        hidden = hs[hidden_layers[0]] if len(hidden_layers) == 1 else torch.cat([hs[i] for i in hidden_layers], -1)
-        keep = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
-        return TargetStep(logits=self.lm_logits(keep).float(), hidden=hidden)  # (B, T_keep, V), (B, T, F)
+        if B != 1:
+            raise InputError(f"mtpspec decodes one sequence at a time; got a batch of {B}.")
+        start = cache.length
+        cache.reserve(start + T)
+        S = cache.capacity
+        dev = input_ids.device
+        if positions is None:
+            positions = torch.arange(start, start + T, device=dev)
+        slots = torch.arange(S, device=dev)
+        if tree_mask is None:  # (T, S): every committed slot, then the new ones causally
+            mask = slots[None, :] <= start + torch.arange(T, device=dev)[:, None]
+        else:
+            mask = (slots < start)[None, :].repeat(T, 1)
+            mask[:, start:start + T] = tree_mask
+        plan = self.plan
+        H, Hk, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        scale = hd**-0.5
+
+        x = self.embed(input_ids)[0]  # (T, D)
+        cos, sin = self.rotary_emb(x, position_ids=positions[None])  # (1, T, hd) each
+        cos, sin = cos.to(x.dtype)[:, None], sin.to(x.dtype)[:, None]  # (1, 1, T, hd)
+        n_feat = self.num_layers + 1
+        want = {i % n_feat for i in hidden_layers}
+        feats: dict[int, torch.Tensor] = {}
+        for i, L in enumerate(self._layers):
+            if i in want:
+                feats[i] = x
+            # attention
+            h = rms_norm(x, L.ln1, L.ln1_eps)  # (T, D)
+            q = linear(h, *L.q, plan.linear).view(T, H, hd)
+            k = linear(h, *L.k, plan.linear).view(T, Hk, hd)
+            v = linear(h, *L.v, plan.linear).view(T, Hk, hd)
+            if L.q_norm is not None:
+                q, k = L.q_norm(q), L.k_norm(k)  # type: ignore[misc]
+            q = q.transpose(0, 1)[None]  # (1, H, T, hd)
+            k = k.transpose(0, 1)[None]  # (1, Hk, T, hd)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            cache.keys[i, :, start:start + T] = k[0]
+            cache.values[i, :, start:start + T] = v.transpose(0, 1)
+            a = attention(q, cache.keys[i][None], cache.values[i][None], mask, scale, plan.attention)  # (1, H, T, hd)
+            x = x + linear(a[0].transpose(0, 1).reshape(T, H * hd), *L.o, plan.linear)  # (T, D)
+            # MLP
+            h = rms_norm(x, L.ln2, L.ln2_eps)
+            g = L.act(linear(h, L.gate, None, plan.linear)) * linear(h, L.up, None, plan.linear)  # (T, M)
+            x = x + linear(g, L.down, None, plan.linear)  # (T, D)
+        x = self.final_norm(x)  # (T, D)
+        feats[self.num_layers] = x
+        cache.length = start + T
+        hidden = torch.cat([feats[i % n_feat] for i in hidden_layers], -1)[None]  # (1, T, F)
+        keep = x[-logits_to_keep:] if logits_to_keep else x
+        return TargetStep(logits=self.lm_logits(keep)[None].float(), hidden=hidden)
 
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) normed final hidden -> (B, T, V) through the target's LM head.
-
-        One row goes through the LM head module itself, the very kernel HF `generate` uses.
-        For a few rows (a verify pass) MKL's sgemm handles x @ W^T as one GEMV per row: measured
-        on SmolLM2's 49,152 x 576 head, 1 thread, 11 ms for 1 row, 20 ms for 2, 34 ms for 3, while
-        W @ x^T takes the GEMM path (5 ms, 9 ms). Same product, same values up to rounding."""
-        B, T, D = h.shape
-        if T == 1:
-            return self.lm_head(h)
-        w = self.lm_head.weight  # (V, D)
-        out = torch.matmul(w, h.reshape(B * T, D).T).T.reshape(B, T, -1)  # (B, T, V)
-        bias = getattr(self.lm_head, "bias", None)
-        return out if bias is None else out + bias
+        """(R, D) normed final hidden -> (R, V) through the target's LM head, with the same
+        row-invariant kernel as every other matmul."""
+        return linear(h, self.lm_head.weight, self.lm_head.bias, self.plan.linear)
 
     @staticmethod
-    def cached_kv(cache: DynamicCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Read-only views of one layer's cached keys and values, (B, Hk, S, hd), RoPE applied."""
-        lay = cache.layers[layer]
-        return lay.keys, lay.values
-
-    @staticmethod
-    def rollback(cache: DynamicCache, n: int) -> None:
-        """Drop the last n cached positions (the rejected drafts)."""
-        if n > 0:
-            cache.crop(-n)
+    def cached_kv(cache: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read-only views of one layer's committed keys and values, (1, Hk, L, hd), RoPE applied."""
+        return cache.layer(layer)
 
 
 def embedding_fingerprint(weight: torch.Tensor) -> str:

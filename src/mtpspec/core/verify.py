@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import torch
 
+from ..config import SamplingConfig
+from ..errors import InputError
+from .draft import Draft
+from .sampling import probs_from_logits
+from .tree import children
+
 
 def accept_greedy(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
     """Greedy verification.
@@ -66,3 +72,41 @@ def accept_speculative(
     n = int(rejected[0, 0]) if rejected.numel() else K
     nxt = torch.multinomial(next_dist[n], 1, generator=generator)
     return n, int(nxt)
+
+
+def accept_greedy_tree(tokens: torch.Tensor, parents: list[int], target_logits: torch.Tensor) -> tuple[list[int], int]:
+    """Greedy verification of a draft tree: from the root, follow the child whose token is the
+    target's argmax, as long as there is one. target_logits: (M, V), row 0 the root, row i + 1
+    draft i. Returns the verify rows of the accepted path (root first) and the target's own
+    token after its last row; the output equals plain greedy decoding."""
+    choice = target_logits.argmax(-1).tolist()  # (M,)
+    toks = tokens.tolist()
+    kids = children(parents)
+    path = [0]
+    while True:
+        nxt = next((c for c in kids[path[-1]] if toks[c - 1] == choice[path[-1]]), None)
+        if nxt is None:
+            return path, int(choice[path[-1]])
+        path.append(nxt)
+
+
+def accept(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig,
+           generator: torch.Generator | None) -> tuple[list[int], int]:
+    """The acceptance rule for this draft and sampling setting: greedy or speculative sampling,
+    chain or tree. target_logits: (N + 1, V), row 0 after the last committed token, row i + 1
+    after draft i. Returns the verify rows kept (root first: the accepted drafts are rows
+    1..len - 1) and the next token, the target's own."""
+    N = draft.tokens.shape[0]
+    if not draft.is_chain:
+        if not sampling.greedy:
+            raise InputError("Sampling with a draft tree is not supported; draft a chain or decode greedily.")
+        return accept_greedy_tree(draft.tokens, draft.parent_list(), target_logits)
+    if sampling.greedy:
+        n, nxt = accept_greedy(draft.tokens, target_logits)
+    else:
+        p = probs_from_logits(target_logits, sampling)  # (N + 1, V)
+        if N and draft.q is None:
+            raise InputError("The drafter returned no q: sampling needs the draft distribution.")
+        q = draft.q.to(p) if draft.q is not None else p.new_zeros(0, p.shape[1])
+        n, nxt = accept_speculative(draft.tokens, q, p, generator)
+    return list(range(n + 1)), nxt

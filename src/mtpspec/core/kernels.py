@@ -1,0 +1,181 @@
+"""The few tensor kernels a forward pass spends its time in, chosen per machine and dtype so
+that each row's result does not depend on how many rows run together.
+
+Letters: R rows (tokens in one forward), I input features, O output features, H query heads,
+Hk key/value heads, S cache slots, hd head dim.
+
+Why: a verify pass runs k + 1 rows through the target where plain decoding runs one. If a
+matmul or an attention kernel takes another code path for 1 row than for 5 (MKL does: one
+row is a GEMV with its own summation order), the verified logits differ from plain decoding's
+in the last bits, and in bf16 that flips a greedy choice now and then. Speculative output is
+then no longer the output of plain decoding. Here every candidate kernel is checked on this
+machine: a row computed alone must equal, bit for bit, the same row computed among 2..R_MAX
+others. Among the candidates that pass, the fastest is used; the choice is cached on disk per
+CPU, torch version and dtype (`~/.cache/mtpspec/`, or `$MTPSPEC_CACHE`).
+
+Candidates:
+- linear: `F.linear(x, W)`, `(W @ x^T)^T`, each optionally with a single row padded to two
+  (on this machine's bf16 AMX path two rows cost half of one; fp32 MKL agrees from two rows on).
+- attention: PyTorch's fused `scaled_dot_product_attention`, or a plain
+  matmul-softmax-matmul with fp32 scores ("manual"), both over all S slots with a mask, so the
+  reduction length never depends on the row count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+R_MAX = 16  # most rows checked for invariance (a verify pass of k + 1 <= 16 tokens)
+LINEAR_KINDS = ("linear", "linear_pad2", "wxt", "wxt_pad2")
+ATTENTION_KINDS = ("sdpa", "manual")
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    # How a (R, I) x (O, I)^T product is computed (see LINEAR_KINDS).
+    linear: str = "linear_pad2"
+    # How attention over the cache is computed (see ATTENTION_KINDS).
+    attention: str = "manual"
+    # Whether every row came out bit-identical whatever the row count when this plan was
+    # chosen; False only if no candidate passed (then outputs are exact in fp32 up to rounding).
+    row_invariant: bool = True
+
+    def __post_init__(self) -> None:
+        if self.linear not in LINEAR_KINDS or self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"unknown kernel plan {self}")
+
+
+# -- the kernels ------------------------------------------------------------------------------
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, kind: str) -> torch.Tensor:
+    """(R, I) @ (O, I)^T + b -> (R, O)."""
+    R = x.shape[0]
+    pad = R == 1 and kind.endswith("_pad2")
+    if pad:
+        x = torch.cat([x, x], 0)  # (2, I): the two-row path, then keep the first row
+    if kind.startswith("wxt"):
+        y = (w @ x.T).T  # (R, O)
+    else:
+        y = F.linear(x, w)  # (R, O)
+    if pad:
+        y = y[:1]
+    return y if b is None else y + b
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+              kind: str) -> torch.Tensor:
+    """q (1, H, R, hd), k/v (1, Hk, S, hd), mask (R, S) bool (True = may attend) -> (1, H, R, hd)."""
+    if kind == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    _, H, R, hd = q.shape
+    Hk, S = k.shape[1], k.shape[2]
+    g = H // Hk  # query heads per key/value head
+    qg = q.reshape(1, Hk, g * R, hd)  # (1, Hk, gR, hd): heads of a group share their keys
+    s = (qg @ k.transpose(-1, -2)).float().view(1, H, R, S) * scale  # (1, H, R, S)
+    p = s.masked_fill(~mask, float("-inf")).softmax(-1).to(v.dtype)
+    return (p.view(1, Hk, g * R, S) @ v).view(1, H, R, hd)
+
+
+# -- choosing a plan on this machine ----------------------------------------------------------
+def _median_us(fn: Callable[[], object], reps: int = 30) -> float:
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[len(ts) // 2] * 1e6
+
+
+def _rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> bool:
+    """fn maps (R, ...) rows to (R, ...) results; True if row i alone equals row i of any batch."""
+    alone = [fn(x[i:i + 1]) for i in range(x.shape[0])]
+    for r in range(2, x.shape[0] + 1):
+        together = fn(x[:r])
+        if any(not torch.equal(together[i:i + 1], alone[i]) for i in range(r)):
+            return False
+    return True
+
+
+def _check_linear(kind: str, dtype: torch.dtype, shapes: list[tuple[int, int]]) -> tuple[bool, float]:
+    g = torch.Generator().manual_seed(0)
+    ok, cost = True, 0.0
+    for O, I in shapes:
+        w = torch.randn(O, I, generator=g).to(dtype)
+        x = torch.randn(R_MAX, I, generator=g).to(dtype)
+        ok = ok and _rows_invariant(lambda rows, w=w: linear(rows, w, None, kind), x)
+        cost += _median_us(lambda w=w, x=x: linear(x[:1], w, None, kind)) + _median_us(lambda w=w, x=x: linear(x[:5], w, None, kind))
+    return ok, cost
+
+
+def _check_attention(kind: str, dtype: torch.dtype, H: int, Hk: int, hd: int, S: int = 320) -> tuple[bool, float]:
+    g = torch.Generator().manual_seed(1)
+    k = torch.randn(1, Hk, S, hd, generator=g).to(dtype)
+    v = torch.randn(1, Hk, S, hd, generator=g).to(dtype)
+    q = torch.randn(1, H, R_MAX, hd, generator=g).to(dtype)
+    L = S - R_MAX - 7  # rows at positions L.. attend slots 0..their position
+    mask = torch.arange(S)[None, :] <= torch.arange(L, L + R_MAX)[:, None]  # (R, S)
+
+    def rows(idx: slice) -> torch.Tensor:
+        return attention(q[:, :, idx], k, v, mask[idx], hd**-0.5, kind)[0].transpose(0, 1)  # (R, H, hd)
+
+    alone = [rows(slice(i, i + 1)) for i in range(R_MAX)]
+    ok = all(torch.equal(rows(slice(0, r))[i:i + 1], alone[i]) for r in range(2, R_MAX + 1) for i in range(r))
+    cost = _median_us(lambda: rows(slice(0, 1))) + _median_us(lambda: rows(slice(0, 5)))
+    return ok, cost
+
+
+def _cache_file(dtype: torch.dtype, key: str) -> Path:
+    root = Path(os.environ.get("MTPSPEC_CACHE", Path.home() / ".cache" / "mtpspec"))
+    ident = f"{platform.machine()}|{platform.processor()}|{_cpu_model()}|{torch.__version__}|{torch.get_num_threads()}|{dtype}|{key}"
+    return root / f"kernels-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def choose_plan(dtype: torch.dtype, linear_shapes: list[tuple[int, int]], heads: tuple[int, int, int],
+                use_cache: bool = True) -> KernelPlan:
+    """The fastest row-invariant kernels for these weight shapes and (H, Hk, hd) on this machine.
+    Takes a second or two the first time; later calls read the cached choice."""
+    H, Hk, hd = heads
+    key = f"{sorted(set(linear_shapes))}|{heads}"
+    path = _cache_file(dtype, key)
+    if use_cache and path.is_file():
+        try:
+            return KernelPlan(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            pass  # a stale or corrupt cache file: measure again
+    shapes = sorted(set(linear_shapes))
+    lin = {kind: _check_linear(kind, dtype, shapes) for kind in LINEAR_KINDS}
+    att = {kind: _check_attention(kind, dtype, H, Hk, hd) for kind in ATTENTION_KINDS}
+    good_lin = [k for k, (ok, _) in lin.items() if ok]
+    good_att = [k for k, (ok, _) in att.items() if ok]
+    plan = KernelPlan(
+        linear=min(good_lin or LINEAR_KINDS, key=lambda k: lin[k][1]),
+        attention=min(good_att or ATTENTION_KINDS, key=lambda k: att[k][1]),
+        row_invariant=bool(good_lin and good_att),
+    )
+    if use_cache:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(asdict(plan)) + "\n")
+        except OSError:
+            pass  # a read-only home: measure again next time
+    return plan
