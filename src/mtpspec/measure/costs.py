@@ -11,10 +11,12 @@ Everything here is measured (median of repeated timings), never assumed.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -32,7 +34,6 @@ class Costs:
     draft_step_s: float  # one head step (all its blocks + its LM-head projection)
     dtype: str
     draft_vocab: int  # rows of the head's output projection
-    extra: dict[str, float] = field(default_factory=dict)
 
     def relative(self, n: int) -> float:
         return self.verify_s[n] / self.verify_s[1]
@@ -54,13 +55,14 @@ def measure_costs(target: Target, head: MTPHead, max_n: int = 9, context: int = 
     and one head draft step, on this machine."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, target.vocab_size, (1, context + max_n), generator=g)
-    cache = target.new_cache()
+    # sized as decoding sizes it (attention spans every slot, so the capacity is part of the cost)
+    cache = target.new_cache(context + max_n)
     pre = target.forward(ids[:, :context], cache, head.config.hidden_layers, logits_to_keep=1)
     verify = {}
     for n in range(1, max_n + 1):
         def run(n: int = n) -> None:
             target.forward(ids[:, context:context + n], cache, head.config.hidden_layers)
-            Target.rollback(cache, n)
+            cache.truncate(context)  # drop the n rows again, as a round that rejects them
         verify[n] = _median_time(run, reps)
     inp = DraftInput(tokens=ids[:, :context + 1], hidden=pre.hidden[:, -1], cache=cache)
     k = 4
@@ -104,4 +106,22 @@ def position_rates(acceptance_rows: list[dict]) -> list[float]:
     if not rows:
         raise InputError("The acceptance file has no greedy all-categories row; write it with "
                          "`mtpspec acceptance --temperatures 0 --out FILE`.")
-    return [float(a) for a in max(rows, key=lambda r: r["k"])["position_acceptance"]]
+    try:
+        return [float(a) for a in max(rows, key=lambda r: int(r["k"]))["position_acceptance"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"An acceptance row lacks a usable k or position_acceptance ({e!r}); write the file with "
+                         "`mtpspec acceptance --out FILE`.") from None
+
+
+def read_position_rates(path: str | Path) -> list[float]:
+    """`position_rates` of a file written by `mtpspec acceptance --out`."""
+    p = Path(path)
+    try:
+        rows = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{p} does not exist; write it with `mtpspec acceptance --out FILE`.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{p} is not valid JSON ({e}); write it with `mtpspec acceptance --out FILE`.") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise InputError(f"{p} is not a list of acceptance rows; write it with `mtpspec acceptance --out FILE`.")
+    return position_rates(rows)
