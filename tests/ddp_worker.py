@@ -15,5 +15,5 @@ from mtpspec.training.train import train
 torch.set_num_threads(1)
 cache_dir, out_dir = sys.argv[1], sys.argv[2]
 cfg = TrainConfig(epochs=2, batch_size=8, lr=3e-3, warmup_steps=2, eval_every=1000, save_every=1000, holdout=0.0,
-                  num_steps=3, bf16=False)
+                  max_draft_tokens=3, bf16=False)
 train(Target(tiny_model("llama")), cache_dir, out_dir, cfg, HeadConfig(), progress=False)

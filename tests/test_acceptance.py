@@ -18,7 +18,7 @@ def test_acceptance_table_covers_every_category_k_and_temperature(tmp_path):
     prompts.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [f"w{7 + i} w9 w10"]})
                                  for i, c in enumerate(["qa", "qa", "code"])) + "\n")
     r = CliRunner().invoke(app, ["acceptance", "--target", str(tmp_path / "m"), "--head", str(tmp_path / "head"),
-                                 "--prompts", str(prompts), "--ks", "1,3", "--temperatures", "0,1.0", "-n", "6",
+                                 "--prompts", str(prompts), "--num-draft-tokens", "1,3", "--temperatures", "0,1.0", "-n", "6",
                                  "--out", str(tmp_path / "acc.json")])
     assert r.exit_code == 0, r.output
     rows = json.loads((tmp_path / "acc.json").read_text())
@@ -34,5 +34,5 @@ def test_acceptance_table_covers_every_category_k_and_temperature(tmp_path):
 
 
 def test_acceptance_bad_ks_is_a_clear_error(tmp_path):
-    r = CliRunner().invoke(app, ["acceptance", "--ks", "0"])
-    assert r.exit_code == 2 and "--ks" in r.stderr
+    r = CliRunner().invoke(app, ["acceptance", "-k", "0"])
+    assert r.exit_code == 2 and "--num-draft-tokens" in r.stderr

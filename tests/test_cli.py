@@ -45,32 +45,35 @@ def test_generate_streams_text_and_stats(model_dir, tmp_path):
     assert "freshly initialised" not in r.stderr
 
 
-def test_sampling_flags_are_reproducible(model_dir):
+def test_sampling_flags_reach_generate(model_dir, monkeypatch):
+    """Every sampling flag arrives, unchanged, at `mtpspec.generate` (a flag the CLI dropped would
+    leave its default there), and the printed tokens are what generate returned."""
+    import mtpspec
+
     d, _, _ = model_dir
-    args = ["generate", "--target", str(d), "--prompt", "w7", "-n", "10", "--fresh-head", "--json",
-            "--temperature", "1.0", "--top-k", "20", "--top-p", "0.9"]
-    a = json.loads(runner.invoke(app, args + ["--seed", "1"]).stdout.strip().splitlines()[-1])
-    b = json.loads(runner.invoke(app, args + ["--seed", "1"]).stdout.strip().splitlines()[-1])
-    assert a["token_ids"] == b["token_ids"]
+    calls = []
+    real = mtpspec.generate
+
+    def spy(*args, **kw):
+        calls.append(kw)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(mtpspec, "generate", spy)
+    r = runner.invoke(app, ["generate", "--target", str(d), "--prompt", "w7", "-n", "10", "-k", "2", "--fresh-head",
+                            "--json", "--temperature", "2.0", "--top-k", "5", "--top-p", "0.6", "--seed", "1"])
+    assert r.exit_code == 0, r.output
+    assert len(calls) == 1
+    assert {k: calls[0][k] for k in ("temperature", "top_k", "top_p", "seed", "num_draft_tokens", "max_new_tokens")} == \
+        {"temperature": 2.0, "top_k": 5, "top_p": 0.6, "seed": 1, "num_draft_tokens": 2, "max_new_tokens": 10}
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--target", "/no/such/model"], "not found"),
-        (["--head", "/no/such/head"], "not a saved mtpspec head"),
-        (["--temperature", "-1"], "temperature must be >= 0"),
-        (["--dtype", "fp8"], "Unknown dtype"),
-    ],
-)
-def test_user_errors_are_one_line_exit_2(model_dir, args, message):
+def test_a_seed_makes_sampling_reproducible_and_sampling_is_not_greedy(model_dir):
     d, _, _ = model_dir
-    base = ["generate", "--prompt", "w7", "-n", "4"]
-    if "--target" not in args:
-        base += ["--target", str(d)]
-    r = runner.invoke(app, base + args)
-    assert r.exit_code == 2, r.output
-    assert message in r.stderr and "Traceback" not in r.output
+    base = ["generate", "--target", str(d), "--prompt", "w7", "-n", "10", "-k", "0", "--fresh-head", "--json"]
+    sampled = base + ["--temperature", "2.0", "--seed", "1"]
+    a, b, greedy = (json.loads(runner.invoke(app, args).stdout.strip().splitlines()[-1])["token_ids"]
+                    for args in (sampled, sampled, base))
+    assert a == b and a != greedy
 
 
 def test_head_for_another_target_is_refused(model_dir, tmp_path):
@@ -104,3 +107,140 @@ def test_costs_picks_k_from_acceptance_and_saves_it_in_the_head(model_dir, tmp_p
     (tmp_path / "bad.json").write_text(json.dumps(rates[1:]))
     r = runner.invoke(app, base + ["--acceptance", str(tmp_path / "bad.json")])
     assert r.exit_code == 2 and "all-categories" in r.output
+
+
+# -- data and train -------------------------------------------------------------------------------
+def _prompts_txt(path, n: int = 30):
+    """Distinct prompts: the tiny target rarely ends a self-written turn, so these carry the data."""
+    path.write_text("".join(f"w{10 + i} w{40 + i} w{70 + i % 20}\n" for i in range(n)))
+    return path
+
+
+DATA_FLAGS = ["--num-samples", "6", "--batch-size", "4", "--max-prompt-tokens", "6", "--max-response-tokens", "10",
+              "--dtype", "fp32", "--threads", "1"]
+
+
+def test_data_then_train_then_generate(model_dir, tmp_path):
+    from mtpspec.training.data import load_samples
+
+    d, model, tok = model_dir
+    prompts = _prompts_txt(tmp_path / "prompts.txt")
+    r = runner.invoke(app, ["data", "--target", str(d), "--out", str(tmp_path / "data"),
+                            "--prompts-file", str(prompts), *DATA_FLAGS])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("6 samples")
+    samples = load_samples(tmp_path / "data")
+    assert len(samples) == 6
+    given = set(prompts.read_text().splitlines())
+    for ids, prompt_len in samples:  # chat template around one of the given prompts, then the target's reply
+        text = tok.decode(ids[:prompt_len])
+        assert text.startswith("w4") and text.endswith("w6") and any(g in text for g in given)
+
+    run = tmp_path / "run"
+    r = runner.invoke(app, ["train", "--target", str(d), "--data", str(tmp_path / "data"), "--out", str(run),
+                            "--max-draft-tokens", "2", "--hidden-layers", "-2,-1", "--epochs", "1", "--batch-size", "2",
+                            "--lr", "0.002", "--warmup-steps", "1", "--holdout", "0", "--no-bf16", "--cache-dtype", "fp32",
+                            "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["step"] == result["total_steps"] == 3  # 6 samples, batches of 2, one epoch
+    import torch
+
+    flags = torch.load(run / "checkpoint.pt", weights_only=False)["train_config"]
+    assert (flags["kind"], flags["max_draft_tokens"], flags["lr"], flags["bf16"]) == ("mtp", 2, 0.002, False)
+    head = MTPHead.from_pretrained(run / "head", model)
+    assert head.config.max_draft_tokens == 2 and head.config.hidden_layers == (-2, -1)
+    r = runner.invoke(app, ["generate", "--target", str(d), "--head", str(run / "head"), "--prompt", "w7", "-n", "6",
+                            "-k", "2", "--json"])
+    assert r.exit_code == 0, r.output
+
+
+def test_train_a_draft_model(model_dir, tmp_path):
+    from conftest import write_tiny_data
+
+    d, model, _ = model_dir
+    write_tiny_data(model, tmp_path / "data", n=4, new=10)
+    run = tmp_path / "run"
+    r = runner.invoke(app, ["train", "--target", str(d), "--data", str(tmp_path / "data"), "--out", str(run),
+                            "--kind", "draft-model", "--draft-model-hidden", "16", "--draft-model-layers", "1",
+                            "--epochs", "1", "--batch-size", "2", "--holdout", "0", "--no-bf16", "--cache-dtype", "fp32"])
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((run / "draft_model" / "config.json").read_text())
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]) == (16, 1, 97)
+    assert not (run / "head").exists()
+
+
+# -- bad input: one `error:` line, exit 2, for every command ---------------------------------------
+@pytest.fixture(scope="module")
+def bad_inputs(model_dir, tmp_path_factory):
+    """Missing and damaged files of every kind a command reads."""
+    d, model, _ = model_dir
+    tmp = tmp_path_factory.mktemp("bad")
+    (tmp / "bad.jsonl").write_text('{"turns": ["w7"]}\n{not json\n')
+    (tmp / "no_data").mkdir()
+    (tmp / "bad_data").mkdir()
+    (tmp / "bad_data" / "manifest.json").write_text('{"num_shards": ')
+    (tmp / "not_json.json").write_text("[{")
+    MTPHead.for_target(model).save_pretrained(tmp / "bad_head")
+    (tmp / "bad_head" / "mtp_head.json").write_text('{"format_version": 1, ')
+    MTPHead.for_target(model).save_pretrained(tmp / "bad_weights")
+    (tmp / "bad_weights" / "mtp_head.safetensors").write_bytes(b"\0" * 16)
+    nochat = tmp / "nochat"
+    save_tiny_model_dir(nochat)
+    (nochat / "chat_template.jinja").unlink()
+    return {"target": str(d), "tmp": tmp, "nochat": str(nochat)}
+
+
+BAD = [
+    # generate
+    ("generate --prompt w7 --head {tmp}/no_head", "not a saved mtpspec head"),
+    ("generate --prompt w7 --head {tmp}/bad_head", "bad_head is not a readable mtpspec head"),
+    ("generate --prompt w7 --head {tmp}/bad_weights", "bad_weights is not a readable mtpspec head"),
+    # data
+    ("data --out {tmp}/o1 --prompts-file {tmp}/missing.txt", "missing.txt does not exist"),
+    ("data --out {tmp}/o2 --prompts-file {tmp}/bad.jsonl", "bad.jsonl:2 is not valid JSON"),
+    ("data --out {tmp}/o3 --corpus {tmp}/missing.txt", "Corpus file"),
+    ("data --out {tmp}/o4 --target {nochat}", "has no chat template"),
+    # train
+    ("train --data {tmp}/missing --out {tmp}/r1", "is not an mtpspec data directory"),
+    ("train --data {tmp}/no_data --out {tmp}/r2", "is not an mtpspec data directory"),
+    ("train --data {tmp}/bad_data --out {tmp}/r3", "manifest.json is not valid JSON"),
+    ("train --data {tmp}/no_data --out {tmp}/r4 --hidden-layers -1,x", "--hidden-layers must be comma-separated ints"),
+    ("train --data {tmp}/no_data --out {tmp}/r5 --kind independent", "kind must be one of mtp, draft-model"),
+    # costs
+    ("costs --head {tmp}/no_head", "not a saved mtpspec head"),
+    ("costs --acceptance {tmp}/missing.json", "missing.json does not exist"),
+    ("costs --acceptance {tmp}/not_json.json", "not_json.json is not valid JSON"),
+    # bench
+    ("bench --prompts {tmp}/missing.jsonl", "not found"),
+    ("bench --prompts {tmp}/bad.jsonl", "line 2"),
+    ("bench --head {tmp}/bad_head --methods mtp", "bad_head is not a readable mtpspec head"),
+    ("bench --draft-model {tmp}/no_data --methods assisted", "is not a saved Hugging Face model directory"),
+    ("bench --methods hf,medusa", "Unknown method(s) medusa"),
+    ("bench --sweep 1,x", "--sweep must be comma-separated ints"),
+    ("bench -k 0", "--num-draft-tokens must be >= 1"),
+    # acceptance
+    ("acceptance --prompts {tmp}/missing.jsonl", "not found"),
+    ("acceptance --head {tmp}/bad_head", "bad_head is not a readable mtpspec head"),
+    ("acceptance -k 1,0", "--num-draft-tokens values must be >= 1"),
+    ("acceptance --temperatures 0,hot", "--temperatures must be comma-separated floats"),
+    # shared flags
+    ("generate --prompt w7 --target /no/such/model", "not found"),
+    ("generate --prompt w7 --temperature -1", "temperature must be >= 0"),
+    ("generate --prompt w7 --dtype fp8", "Unknown dtype"),
+    ("costs --threads -1", "--threads must be >= 0"),
+]
+
+
+@pytest.mark.parametrize("command, message", BAD, ids=[c.split(" --")[0] + ": " + m for c, m in BAD])
+def test_bad_input_is_one_error_line_and_exit_2(bad_inputs, command, message):
+    args = command.format(**bad_inputs).split()
+    if "--target" not in args:
+        args += ["--target", bad_inputs["target"]]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], r.stderr
+    assert "Traceback" not in r.output
+    for o in ("o1", "o2", "o3", "o4"):  # `mtpspec data` refused before writing anything
+        assert not (bad_inputs["tmp"] / o).exists()

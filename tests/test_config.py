@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpspec.config import SamplingConfig
+from mtpspec.config import SamplingConfig, TrainConfig
 from mtpspec.errors import InputError
 
 
@@ -26,6 +26,17 @@ def test_hf_none_means_off():
 def test_sampling_values_out_of_range_are_refused(kw, message):
     with pytest.raises(InputError, match=message):
         SamplingConfig(**kw)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"kind": "independent"}, "kind must be one of mtp, draft-model"),
+    ({"max_draft_tokens": 0}, "max_draft_tokens"),
+    ({"draft_model_layers": 0}, "draft_model_layers"),
+    ({"step_decay": 1.5}, "step_decay"),
+])
+def test_train_config_refuses_bad_values(kw, message):
+    with pytest.raises(InputError, match=message):
+        TrainConfig(**kw)
 
 
 def test_generate_takes_hf_style_none_as_off():

@@ -20,7 +20,7 @@ from mtpspec.config import TrainConfig
 from mtpspec.errors import DataError, InputError
 from mtpspec.training.train import MTPObjective, collate, train
 
-FAST = dict(batch_size=8, lr=3e-3, warmup_steps=2, eval_every=1000, save_every=1000, bf16=False, num_steps=3)
+FAST = dict(batch_size=8, lr=3e-3, warmup_steps=2, eval_every=1000, save_every=1000, bf16=False, max_draft_tokens=3)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_train_time_predictions_equal_inference_drafts(tiny_run):
 def test_head_overfits_one_batch_to_high_acceptance(tiny_run):
     model, root = tiny_run
     samples = load_cache(root / "act")[:4]
-    cfg = TrainConfig(num_steps=4, bf16=False)
+    cfg = TrainConfig(max_draft_tokens=4, bf16=False)
     head = MTPHead(Target(model), HeadConfig()).float()
     obj = MTPObjective(head, cfg)
     opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
@@ -160,6 +160,7 @@ def test_draft_vocabulary_maps_back_to_target_ids(tiny_run, tmp_path):
     train(Target(model), root / "act", tmp_path, TrainConfig(epochs=1, **FAST), HeadConfig(draft_vocab_size=32),
           progress=False)
     head = MTPHead.from_pretrained(tmp_path / "head", model)
+    assert head.config.max_draft_tokens == FAST["max_draft_tokens"]  # trained for 3, whatever HeadConfig() said
     freq = token_frequencies(load_cache(root / "act"), 97)
     ids = head.draft_ids.tolist()
     assert len(ids) == 32 and ids == sorted(ids)
@@ -210,8 +211,8 @@ def test_continuing_a_saved_head_starts_from_its_weights_and_vocabulary(tiny_run
     cont = MTPHead.from_pretrained(tmp_path / "e" / "head", model)
     assert torch.equal(cont.draft_ids, saved.draft_ids)
     assert not torch.equal(cont.fc.weight.float(), saved.fc.weight)
-    with pytest.raises(InputError, match="at most 6"):
-        train(Target(model), root / "act", tmp_path / "f", TrainConfig(epochs=1, **{**FAST, "num_steps": 7}),
+    with pytest.raises(InputError, match="at most 3"):  # the head was trained for FAST's 3
+        train(Target(model), root / "act", tmp_path / "f", TrainConfig(epochs=1, **{**FAST, "max_draft_tokens": 7}),
               init_head=tmp_path / "a" / "head", progress=False)
 
 

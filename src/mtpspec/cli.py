@@ -13,10 +13,20 @@ from typing import Any, TypeVar
 
 import typer
 
-from .errors import MtpspecError
+from .errors import InputError, MtpspecError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 F = TypeVar("F", bound=Callable[..., Any])
+N = TypeVar("N", int, float)
+
+# Options several commands share, declared once so that they read (and default) alike.
+TARGET = typer.Option(None, "--target", "-t", help="Local model dir or .gguf file [default: embedded SmolLM2-135M-Instruct].")
+HEAD = typer.Option(None, "--head", help="Saved head directory [default: the shipped head for the target, else a fresh one].")
+DTYPE = typer.Option("fp32", "--dtype", help="fp32 or bf16.")
+THREADS = typer.Option(0, "--threads", help="torch threads (0 = torch default).")
+PROMPTS = typer.Option(None, "--prompts", help="Spec-Bench style .jsonl [default: the built-in on-device set].")
+LIMIT = typer.Option(None, "--limit", help="Run an evenly spread subset of N prompts.")
+MAX_NEW_TOKENS = typer.Option(128, "--max-new-tokens", "-n")
 
 
 @app.callback()
@@ -39,111 +49,115 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _read_json(path: Path) -> Any:
-    from .errors import InputError
-
+# -- the three things every command parses alike ------------------------------------------------
+def parse_list(text: str, kind: type[N], flag: str, minimum: N | None = None) -> list[N]:
+    """'1,2, 3' -> [1, 2, 3]: a comma-separated flag value, each item a `kind` >= `minimum`."""
     try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path} does not exist.") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{path} is not valid JSON ({e}).") from None
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"{flag} must be comma-separated {kind.__name__}s, got {text!r}.") from None
+    if not values:
+        raise InputError(f"{flag} needs at least one value, got {text!r}.")
+    if minimum is not None and min(values) < minimum:
+        raise InputError(f"{flag} values must be >= {minimum}, got {text!r}.")
+    return values
 
 
-def load_head(target: Any, target_name: str, head: Path | None, fresh: bool, warn: Callable[[str], None]) -> Any:
-    """The head to draft with: --head, else the head shipped for the embedded default, else a
-    freshly initialised one (with a warning: it will accept almost nothing)."""
-    from .core.head import MTPHead
-    from .pretrained import shipped_head_dir
+def set_threads(threads: int) -> None:
+    """--threads: torch's intra-op thread count; 0 leaves torch's default."""
+    if threads < 0:
+        raise InputError(f"--threads must be >= 0 (0 = torch default), got {threads}.")
+    if threads:
+        import torch
 
-    if head is not None:
-        return MTPHead.from_pretrained(head, target)
-    shipped = shipped_head_dir(target_name)
-    if shipped is not None and not fresh:
-        return MTPHead.from_pretrained(shipped, target)
-    warn("warning: no trained head for this target; using a freshly initialised head, which accepts "
-         "few drafts. Train one with `mtpspec data` and `mtpspec train`, then pass --head DIR.")
-    return MTPHead.for_target(target)
+        torch.set_num_threads(threads)
 
 
+def open_target(name: str | None, dtype: str) -> tuple[Any, Any]:
+    """--target and --dtype: the loaded model with its tokenizer and name, and its `Target`."""
+    from .core.target import Target
+    from .models import load_target
+
+    loaded = load_target(name, dtype)
+    return loaded, Target(loaded.model)
+
+
+def _warn(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+def _text_stream(tokenizer: Any) -> Callable[[list[int]], None]:
+    """A callback that prints accepted tokens as text as they arrive (decoding the whole output
+    each time, so that tokens that only form a character together print correctly)."""
+    shown: list[int] = []
+    printed = [""]
+
+    def on_tokens(new: list[int]) -> None:
+        shown.extend(new)
+        text = tokenizer.decode(shown, skip_special_tokens=True)
+        sys.stdout.write(text[len(printed[0]):])
+        sys.stdout.flush()
+        printed[0] = text
+
+    return on_tokens
+
+
+# -- commands ---------------------------------------------------------------------------------------
 @app.command()
 @user_errors
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="User message; the chat template is applied."),
-    target: str = typer.Option(None, "--target", "-t", help="Local model dir or .gguf file [default: embedded SmolLM2-135M-Instruct]."),
-    head: Path = typer.Option(None, "--head", help="Saved head directory [default: the shipped head for the target]."),
+    target: str = TARGET,
+    head: Path = HEAD,
     fresh_head: bool = typer.Option(False, "--fresh-head", help="Ignore any shipped head; use an untrained one."),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
+    max_new_tokens: int = MAX_NEW_TOKENS,
     num_draft_tokens: int = typer.Option(None, "--num-draft-tokens", "-k",
                                          help="Drafts per round [default: the head's tuned k]; 0 = plain decoding."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
     top_k: int = typer.Option(0, "--top-k", help="0 = off."),
     top_p: float = typer.Option(1.0, "--top-p", help="1.0 = off."),
     seed: int = typer.Option(None, "--seed", help="Seed for sampling (reproducible output)."),
-    dtype: str = typer.Option("fp32", "--dtype", help="fp32 or bf16."),
+    dtype: str = DTYPE,
     compare: bool = typer.Option(False, "--compare", help="Also decode plainly (k=0) and print both speeds side by side."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
 ) -> None:
     """Generate text from a prompt with speculative decoding, streaming tokens as accepted."""
-    from .core.decode import generate as run
-    from .pretrained import default_k
-    from .models import chat_ids, load_target
-    from .core.target import Target
+    from . import generate as decode
+    from .measure.compare import compare as compare_plain
+    from .models import chat_ids
+    from .pretrained import default_k, resolve_head
 
-    loaded = load_target(target, dtype)
-    tgt = Target(loaded.model)
-    mtp = load_head(tgt, loaded.name, head, fresh_head, lambda m: typer.echo(m, err=True))
+    loaded, tgt = open_target(target, dtype)
+    mtp = resolve_head(tgt, loaded.name, head, fresh_head, _warn).head
     k = default_k(mtp) if num_draft_tokens is None else num_draft_tokens
     ids = chat_ids(loaded.tokenizer, prompt)
-    tok = loaded.tokenizer
-    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-
-    stream = None
-    if not as_json:
-        shown: list[int] = []
-        printed = [""]
-
-        def stream(new: list[int]) -> None:
-            shown.extend(new)
-            text = tok.decode(shown, skip_special_tokens=True)
-            sys.stdout.write(text[len(printed[0]):])
-            sys.stdout.flush()
-            printed[0] = text
-
-    if compare:  # warm both paths up first, so that neither timing pays for first-call setup
-        run(tgt, mtp, ids, num_draft_tokens=k, **{**kw, "max_new_tokens": 8})
-        run(tgt, None, ids, num_draft_tokens=0, **{**kw, "max_new_tokens": 8})
-    out = run(tgt, mtp, ids, num_draft_tokens=k, on_tokens=stream, **kw)
-    new_ids = out.sequences[0, ids.shape[1]:].tolist()
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    stream = None if as_json else _text_stream(loaded.tokenizer)
+    cmp = compare_plain(tgt, mtp, ids, k, max_new_tokens, on_tokens=stream, **sampling) if compare else None
+    out = cmp.spec if cmp else decode(tgt, mtp, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k,
+                                      on_tokens=stream, **sampling)
     s = out.stats
-    plain = run(tgt, None, ids, num_draft_tokens=0, **kw) if compare else None
     if as_json:
-        obj: dict[str, Any] = {
-            "text": tok.decode(new_ids, skip_special_tokens=True),
-            "token_ids": new_ids,
-            "num_draft_tokens": k,
-            "stats": s.to_dict(),
-        }
-        if plain is not None:
-            obj["plain"] = {"identical": plain.sequences.tolist() == out.sequences.tolist(), "stats": plain.stats.to_dict()}
+        new_ids = out.sequences[0, ids.shape[1]:].tolist()
+        obj: dict[str, Any] = {"text": loaded.tokenizer.decode(new_ids, skip_special_tokens=True), "token_ids": new_ids,
+                               "num_draft_tokens": k, "stats": s.to_dict()}
+        if cmp:
+            obj["plain"] = {"identical": cmp.identical, "stats": cmp.plain.stats.to_dict(), "speedup": round(cmp.speedup, 3)}
         typer.echo(json.dumps(obj))
         return
-    typer.echo("")
-    line = (f"[{s.new_tokens} tokens, {s.new_tokens / s.total_s:.1f} tok/s, k={k}, "
-            f"{s.mean_accepted:.2f} tokens per target forward, {s.target_forwards} target forwards]")
-    if plain is not None:
-        p = plain.stats
-        same = "identical" if plain.sequences.tolist() == out.sequences.tolist() else "DIFFERENT"
-        line += (f"\n[plain decoding: {p.new_tokens / p.total_s:.1f} tok/s; with the head: "
-                 f"{(s.new_tokens / s.total_s) / (p.new_tokens / p.total_s):.2f}x; outputs {same}]")
-    typer.echo(line, err=False)
+    tok_s = cmp.spec_tokens_per_s if cmp else (s.tokens_per_s or 0.0)
+    typer.echo(f"\n[{s.new_tokens} tokens, {tok_s:.1f} tok/s, k={k}, {s.mean_accepted:.2f} tokens per target forward, "
+               f"{s.target_forwards} target forwards]")
+    if cmp:
+        typer.echo(f"[plain decoding: {cmp.plain_tokens_per_s:.1f} tok/s; with the head: {cmp.speedup:.2f}x; "
+                   f"outputs {'identical' if cmp.identical else 'DIFFERENT'}]")
 
 
 @app.command()
 @user_errors
 def data(
     out: Path = typer.Option(..., "--out", "-o", help="Output directory (resumes if it holds a partial run)."),
-    target: str = typer.Option(None, "--target", "-t", help="Local model dir or .gguf [default: embedded SmolLM2]."),
+    target: str = TARGET,
     num_samples: int = typer.Option(2000, "--num-samples"),
     batch_size: int = typer.Option(32, "--batch-size"),
     max_prompt_tokens: int = typer.Option(96, "--max-prompt-tokens"),
@@ -155,20 +169,16 @@ def data(
     corpus: str = typer.Option(None, "--corpus", help="Extra raw-text corpus (plain text)."),
     seed: int = typer.Option(0, "--seed"),
     dtype: str = typer.Option("bf16", "--dtype", help="Generation dtype: bf16 (fast batched on modern CPUs) or fp32."),
-    threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch default)."),
+    threads: int = THREADS,
 ) -> None:
     """Write self-distillation data: the target's own prompts and responses, as token shards."""
-    import torch
-
     from .training.data import DataConfig, generate_data
-    from .models import load_target
 
-    if threads:
-        torch.set_num_threads(threads)
+    set_threads(threads)
     cfg = DataConfig(num_samples=num_samples, batch_size=batch_size, max_prompt_tokens=max_prompt_tokens,
                      max_response_tokens=max_response_tokens, prompt_temperature=prompt_temperature,
                      response_temperature=response_temperature, task_share=task_share, seed=seed)
-    loaded = load_target(target, dtype)
+    loaded, _ = open_target(target, dtype)
     m = generate_data(loaded.model, loaded.tokenizer, out, cfg, prompts_file, corpus)
     typer.echo(f"{m['num_samples']} samples, {m['num_tokens']} tokens in {m['num_shards']} shards at {out}")
 
@@ -178,17 +188,19 @@ def data(
 def train(
     data_dirs: list[Path] = typer.Option(..., "--data", "-d", help="Directory written by `mtpspec data`; repeat to train on several."),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory: activations/ (activations-1/, ... for further data sets), "
-                             "checkpoint.pt, metrics.jsonl, head/."),
-    target: str = typer.Option(None, "--target", "-t", help="Local model dir or .gguf [default: embedded SmolLM2]."),
-    drafter: str = typer.Option("mtp", "--drafter", help="mtp (the head) or independent (baseline draft LM)."),
-    num_steps: int = typer.Option(5, "--num-steps", help="Draft steps unrolled in training."),
+                             "checkpoint.pt, metrics.jsonl, head/ (or draft_model/)."),
+    target: str = TARGET,
+    kind: str = typer.Option("mtp", "--kind", help="mtp (the MTP head) or draft-model (a small standalone draft LM, "
+                             "the baseline `mtpspec bench --draft-model` runs)."),
+    max_draft_tokens: int = typer.Option(5, "--max-draft-tokens", help="Most drafts per round the head is trained for "
+                                         "(draft steps unrolled in training)."),
     epochs: int = typer.Option(2, "--epochs"),
     batch_size: int = typer.Option(16, "--batch-size"),
     lr: float = typer.Option(1e-3, "--lr"),
     warmup_steps: int = typer.Option(50, "--warmup-steps"),
     weight_decay: float = typer.Option(0.0, "--weight-decay"),
     clip: float = typer.Option(1.0, "--clip"),
-    bf16: bool = typer.Option(True, "--bf16/--no-bf16", help="bf16 autocast for the drafter's training."),
+    bf16: bool = typer.Option(True, "--bf16/--no-bf16", help="bf16 autocast for training the head or draft model."),
     holdout: float = typer.Option(0.05, "--holdout"),
     eval_every: int = typer.Option(50, "--eval-every"),
     save_every: int = typer.Option(50, "--save-every"),
@@ -197,8 +209,8 @@ def train(
     step_decay: float = typer.Option(1.0, "--step-decay", help="Loss weight of draft step j is step_decay**j."),
     init_head: Path = typer.Option(None, "--init-head", help="Continue training this saved head (its architecture and "
                                    "draft vocabulary are kept; the architecture flags below are then ignored)."),
-    indep_hidden: int = typer.Option(64, "--indep-hidden"),
-    indep_layers: int = typer.Option(2, "--indep-layers"),
+    draft_model_hidden: int = typer.Option(64, "--draft-model-hidden", help="Hidden size of --kind draft-model."),
+    draft_model_layers: int = typer.Option(2, "--draft-model-layers", help="Layers of --kind draft-model."),
     seed: int = typer.Option(0, "--seed"),
     hidden_layers: str = typer.Option("-1", "--hidden-layers", help="Comma-separated target layers the head reads."),
     kv_layer: int = typer.Option(-1, "--kv-layer"),
@@ -209,61 +221,39 @@ def train(
     cache_dtype: str = typer.Option("bf16", "--cache-dtype", help="dtype of the one target pass that caches activations."),
     resume: bool = typer.Option(False, "--resume", help="Continue from out/checkpoint.pt."),
     max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps (time-boxing)."),
-    threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch default)."),
+    threads: int = THREADS,
 ) -> None:
-    """Train a drafter on the target's cached activations (the target stays frozen)."""
-    import torch
-    import torch.distributed as dist
-
-    from .training.activations import build_cache
+    """Train an MTP head (or a baseline draft model) on the target's cached activations; the target stays frozen."""
     from .config import HeadConfig, TrainConfig
-    from .core.head import saved_head_config
-    from .models import load_target
-    from .core.target import Target
-    from .training.train import init_distributed
-    from .training.train import train as run_train
+    from .training.train import train_on_data
 
-    if threads:
-        torch.set_num_threads(threads)
-    cfg = TrainConfig(drafter=drafter, num_steps=num_steps, epochs=epochs, batch_size=batch_size, lr=lr,
+    set_threads(threads)
+    cfg = TrainConfig(kind=kind, max_draft_tokens=max_draft_tokens, epochs=epochs, batch_size=batch_size, lr=lr,
                       warmup_steps=warmup_steps, weight_decay=weight_decay, clip=clip, bf16=bf16, holdout=holdout,
                       eval_every=eval_every, save_every=save_every, label_weight=label_weight, feature_weight=feature_weight,
-                      step_decay=step_decay, indep_hidden=indep_hidden, indep_layers=indep_layers, seed=seed)
-    try:
-        layers = tuple(int(x) for x in hidden_layers.split(","))
-    except ValueError:
-        raise typer.BadParameter(f"--hidden-layers must be comma-separated integers, got {hidden_layers!r}") from None
-    # continuing a saved head: its architecture decides what the activation cache holds
-    hc = saved_head_config(init_head) if init_head is not None else HeadConfig(
-        hidden_layers=layers, kv_layer=kv_layer, num_blocks=num_blocks, mlp_ratio=mlp_ratio,
-        draft_vocab_size=draft_vocab_size, max_draft_tokens=num_steps)
-    rank, world = init_distributed()
-    cache_dirs = [out / ("activations" if i == 0 else f"activations-{i}") for i in range(len(data_dirs))]
-    if rank == 0:  # one pass of the target over each data set, resumable, shared by all ranks
-        cache_target = Target(load_target(target, cache_dtype).model)
-        for data_dir, cache_dir in zip(data_dirs, cache_dirs):
-            build_cache(cache_target, data_dir, cache_dir, hc.hidden_layers, hc.kv_layer, teacher_topk)
-        del cache_target
-    if world > 1:
-        dist.barrier()
-    tgt = Target(load_target(target, "fp32").model)
-    r = run_train(tgt, cache_dirs, out, cfg, hc, resume=resume, max_steps=max_steps, init_head=init_head)
-    if rank == 0:
+                      step_decay=step_decay, draft_model_hidden=draft_model_hidden, draft_model_layers=draft_model_layers,
+                      seed=seed)
+    hc = HeadConfig(hidden_layers=tuple(parse_list(hidden_layers, int, "--hidden-layers")), kv_layer=kv_layer,
+                    num_blocks=num_blocks, mlp_ratio=mlp_ratio, draft_vocab_size=draft_vocab_size,
+                    max_draft_tokens=max_draft_tokens)
+    r = train_on_data(data_dirs, out, cfg, hc, target, teacher_topk=teacher_topk, cache_dtype=cache_dtype, resume=resume,
+                      max_steps=max_steps, init_head=init_head)
+    if r is not None:  # rank 0 reports for all
         typer.echo(json.dumps(r))
 
 
 @app.command()
 @user_errors
 def costs(
-    target: str = typer.Option(None, "--target", "-t", help="Local model dir or .gguf [default: embedded SmolLM2]."),
-    head: Path = typer.Option(None, "--head", help="Saved head [default: the shipped head, else a fresh one]."),
-    dtype: str = typer.Option("fp32", "--dtype", help="fp32 or bf16."),
+    target: str = TARGET,
+    head: Path = HEAD,
+    dtype: str = DTYPE,
     context: int = typer.Option(256, "--context", help="Cached tokens before the timed forward."),
     max_n: int = typer.Option(9, "--max-n", help="Time target forwards over 1..max_n new tokens."),
     reps: int = typer.Option(15, "--reps"),
     draft_vocab_size: int = typer.Option(None, "--draft-vocab-size",
                                          help="Time a fresh head with this draft vocabulary instead (0 = full)."),
-    threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch default)."),
+    threads: int = THREADS,
     acceptance: Path = typer.Option(None, "--acceptance", help="JSON from `mtpspec acceptance --out` for this head: "
                                     "also predict the speed-up of each k and pick the best."),
     save_k: bool = typer.Option(False, "--save-k", help="With --acceptance: store the picked k in the head's "
@@ -274,33 +264,28 @@ def costs(
     import torch
 
     from .config import HeadConfig
-    from .measure.costs import measure_costs, pick_k, position_rates, predicted_speedups
     from .core.head import MTPHead
-    from .pretrained import save_recommended_k, shipped_head_dir
-    from .models import load_target
-    from .core.target import Target
+    from .measure.costs import measure_costs, pick_k, predicted_speedups, read_position_rates
+    from .pretrained import resolve_head, save_recommended_k
 
     if save_k and acceptance is None:
-        raise typer.BadParameter("--save-k needs --acceptance FILE (the rates the choice is based on).")
+        raise InputError("--save-k needs --acceptance FILE (the rates the choice is based on).")
     if save_k and draft_vocab_size is not None:
-        raise typer.BadParameter("--save-k stores k in a saved head; --draft-vocab-size times a fresh one.")
-    rates = position_rates(_read_json(acceptance)) if acceptance is not None else None
-
-    if threads:
-        torch.set_num_threads(threads)
-    loaded = load_target(target, dtype)
-    tgt = Target(loaded.model)
+        raise InputError("--save-k stores k in a saved head; --draft-vocab-size times a fresh one.")
+    rates = read_position_rates(acceptance) if acceptance is not None else None
+    set_threads(threads)
+    loaded, tgt = open_target(target, dtype)
     if draft_vocab_size is not None:
-        mtp = MTPHead.for_target(tgt, HeadConfig(draft_vocab_size=draft_vocab_size))
+        mtp, head_dir = MTPHead.for_target(tgt, HeadConfig(draft_vocab_size=draft_vocab_size)), None
     else:
-        mtp = load_head(tgt, loaded.name, head, False, lambda m: typer.echo(m, err=True))
-    head_dir = head or shipped_head_dir(loaded.name)
+        choice = resolve_head(tgt, loaded.name, head, warn=_warn)
+        mtp, head_dir = choice.head, choice.directory
     if save_k and head_dir is None:
-        raise typer.BadParameter("--save-k needs a saved head (--head DIR, or the shipped one).")
+        raise InputError("--save-k needs a saved head (--head DIR, or the shipped one).")
     c = measure_costs(tgt, mtp, max_n=max_n, context=context, reps=reps)
     speedups = predicted_speedups(c, rates) if rates else {}
     best = pick_k(c, rates) if rates else None
-    if save_k:
+    if save_k and head_dir is not None:
         rec = save_recommended_k(head_dir, c.dtype, best or 0)
         typer.echo(f"saved recommended_k {rec} in {head_dir}", err=True)
     if as_json:
@@ -323,79 +308,51 @@ def costs(
 @app.command()
 @user_errors
 def bench(
-    prompts: Path = typer.Option(None, "--prompts", help="Spec-Bench style .jsonl [default: the built-in on-device set]."),
-    limit: int = typer.Option(None, "--limit", help="Run an evenly spread subset of N prompts."),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
-    dtype: str = typer.Option("fp32", "--dtype", help="fp32 or bf16."),
-    target: str = typer.Option(None, "--target", "-t", help="Local model dir or .gguf [default: embedded SmolLM2]."),
-    head: Path = typer.Option(None, "--head", help="Saved head directory [default: the shipped head for the target]."),
-    drafter: Path = typer.Option(None, "--drafter", help="Independent draft LM directory for `assisted` (<run>/drafter)."),
-    k: int = typer.Option(None, "--k", "-k", help="Drafts per round for `mtp` [default: the head's tuned k]."),
+    prompts: Path = PROMPTS,
+    limit: int = LIMIT,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    dtype: str = DTYPE,
+    target: str = TARGET,
+    head: Path = HEAD,
+    draft_model: Path = typer.Option(None, "--draft-model", help="Draft model directory for `assisted` "
+                                     "(<run>/draft_model from `mtpspec train --kind draft-model`)."),
+    num_draft_tokens: int = typer.Option(None, "--num-draft-tokens", "-k",
+                                         help="Drafts per round for `mtp` [default: the head's tuned k]."),
     sweep: str = typer.Option(None, "--sweep", help="Comma-separated k values; adds one method mtp_k<k> per value."),
     methods: str = typer.Option("hf,k0,mtp,assisted,lookup", "--methods", help="Comma-separated methods to run."),
     reps: int = typer.Option(1, "--reps", help="Timed repetitions of every prompt."),
     warmup: int = typer.Option(1, "--warmup", help="Prompts every method runs untimed before timing."),
     lookup_tokens: int = typer.Option(10, "--lookup-tokens", help="prompt_lookup_num_tokens for `lookup`."),
     out: Path = typer.Option(None, "--out", "-o", help="Report directory [default: reports/bench-<date>]."),
-    threads: int = typer.Option(0, "--threads", help="torch threads (0 = torch default)."),
+    threads: int = THREADS,
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
 ) -> None:
     """Benchmark hf, k0, mtp, assisted and lookup decoding on the same prompts; write a report."""
     import datetime
-    import platform
 
-    import torch
-    import transformers
-
-    from .measure.bench import BenchConfig, build_methods, load_drafter, run_bench
-    from .prompts import load_prompts
-    from .errors import InputError
-    from .pretrained import shipped_head_dir
-    from .models import chat_ids, load_target, resolve_dtype
+    from .measure.bench import FRESH_HEAD_NOTE, BenchConfig, build_methods, environment_info, load_draft_model, run_bench
     from .measure.report import write_report
-    from .core.target import Target
+    from .models import chat_ids, resolve_dtype
+    from .pretrained import resolve_head
+    from .prompts import load_prompts
 
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        ks = tuple(int(x) for x in sweep.split(",") if x.strip()) if sweep else ()
-    except ValueError:
-        raise InputError(f"--sweep must be comma-separated integers, got {sweep!r}.") from None
-    cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()), k=k, sweep=ks,
-                      max_new_tokens=max_new_tokens, reps=reps, warmup=warmup, lookup_tokens=lookup_tokens)
+    set_threads(threads)
+    cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()), num_draft_tokens=num_draft_tokens,
+                      sweep=tuple(parse_list(sweep, int, "--sweep")) if sweep else (), max_new_tokens=max_new_tokens,
+                      reps=reps, warmup=warmup, lookup_tokens=lookup_tokens)
     plist = load_prompts(prompts, limit)  # fail on a bad prompts file before loading any model
     now = datetime.datetime.now()
     out = out or Path("reports") / f"bench-{now:%Y%m%d-%H%M%S}"
 
-    loaded = load_target(target, dtype)
-    notes: list[str] = []
-    mtp = None
-    head_src = "-"
-    if cfg.needs_head:
-        def warn(msg: str) -> None:
-            typer.echo(msg, err=True)
-            notes.append("mtp: no trained head for this target, so a freshly initialised head was used; its "
-                         "acceptance is near zero. Pass --head DIR.")
-
-        mtp = load_head(Target(loaded.model), loaded.name, head, False, warn)
-        head_src = str(head) if head else str(shipped_head_dir(loaded.name) or "fresh (untrained)")
-    assistant = load_drafter(drafter, resolve_dtype(dtype)) if drafter and "assisted" in cfg.methods else None
-    method_list, skipped = build_methods(cfg, loaded.model, mtp, assistant)
-    info = {
-        "date": now.isoformat(timespec="seconds"), "target": loaded.name, "dtype": dtype,
-        "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "cpu": platform.processor() or platform.machine(), "prompts_file": str(prompts or "built-in default"),
-        "head": head_src, "drafter": str(drafter) if assistant is not None else "-",
-    }
-    if assistant is not None:
-        gc = assistant.generation_config  # None = the value transformers fills in at generate time
-        names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
-        vals = {n: getattr(gc, n, None) for n in names}
-        info["assistant"] = ", ".join(f"{n}={'HF default' if v is None else v}" for n, v in vals.items())
-    if "lookup" in cfg.methods:
-        info["lookup"] = f"prompt_lookup_num_tokens={cfg.lookup_tokens}"
+    loaded, tgt = open_target(target, dtype)
+    choice = resolve_head(tgt, loaded.name, head, warn=_warn) if cfg.needs_head else None
+    assistant = load_draft_model(draft_model, resolve_dtype(dtype)) if draft_model and "assisted" in cfg.methods else None
+    method_list, notes = build_methods(cfg, loaded.model, choice.head if choice else None, assistant)
+    if choice and choice.directory is None:
+        notes.insert(0, FRESH_HEAD_NOTE)
+    info = environment_info(cfg, loaded.name, dtype, prompts, choice.source if choice else "-", assistant, draft_model, now)
     inputs = [chat_ids(loaded.tokenizer, p.text) for p in plist]
-    result = run_bench(cfg, method_list, plist, inputs, loaded.model, info, notes + skipped, progress)
+    result = run_bench(cfg, method_list, plist, inputs, info, notes, progress)
     write_report(result, out)
     for m in result.methods:
         s = result.summary(m)
@@ -410,41 +367,32 @@ def bench(
 @app.command()
 @user_errors
 def acceptance(
-    prompts: Path = typer.Option(None, "--prompts", help="Spec-Bench style .jsonl [default: the built-in set]."),
-    limit: int = typer.Option(None, "--limit", help="An evenly spread subset of N prompts."),
-    target: str = typer.Option(None, "--target", "-t", help="Local model dir or .gguf [default: embedded SmolLM2]."),
-    head: Path = typer.Option(None, "--head", help="Saved head [default: the shipped head]."),
-    ks: str = typer.Option("1,2,3,4,5,6", "--ks", help="Comma-separated draft lengths."),
+    prompts: Path = PROMPTS,
+    limit: int = LIMIT,
+    target: str = TARGET,
+    head: Path = HEAD,
+    num_draft_tokens: str = typer.Option("1,2,3,4,5,6", "--num-draft-tokens", "-k",
+                                         help="Comma-separated drafts per round (k) to measure."),
     temperatures: str = typer.Option("0", "--temperatures", help="Comma-separated temperatures (0 = greedy)."),
     top_p: float = typer.Option(1.0, "--top-p"),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n"),
-    dtype: str = typer.Option("fp32", "--dtype"),
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    dtype: str = DTYPE,
     seed: int = typer.Option(0, "--seed"),
     out: Path = typer.Option(None, "--out", "-o", help="Also write the rows as JSON here."),
-    threads: int = typer.Option(0, "--threads"),
+    threads: int = THREADS,
 ) -> None:
     """Measure the head's acceptance per category, k and temperature (no timing)."""
-    import torch
-
     from .measure.acceptance import markdown, measure_acceptance
+    from .models import chat_ids
+    from .pretrained import resolve_head
     from .prompts import load_prompts
-    from .errors import InputError
-    from .models import chat_ids, load_target
-    from .core.target import Target
 
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        k_list = [int(x) for x in ks.split(",") if x.strip()]
-        t_list = [float(x) for x in temperatures.split(",") if x.strip()]
-    except ValueError:
-        raise InputError("--ks and --temperatures must be comma-separated numbers.") from None
-    if not k_list or min(k_list) < 1 or not t_list:
-        raise InputError("--ks needs values >= 1 and --temperatures at least one value.")
+    k_list = parse_list(num_draft_tokens, int, "--num-draft-tokens", minimum=1)
+    t_list = parse_list(temperatures, float, "--temperatures", minimum=0.0)
+    set_threads(threads)
     plist = load_prompts(prompts, limit)
-    loaded = load_target(target, dtype)
-    tgt = Target(loaded.model)
-    mtp = load_head(tgt, loaded.name, head, False, lambda m: typer.echo(m, err=True))
+    loaded, tgt = open_target(target, dtype)
+    mtp = resolve_head(tgt, loaded.name, head, warn=_warn).head
     inputs = [chat_ids(loaded.tokenizer, p.text) for p in plist]
     rows = measure_acceptance(tgt, mtp, plist, inputs, k_list, t_list, max_new_tokens, top_p, seed)
     typer.echo(markdown(rows))

@@ -86,13 +86,18 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
+# What `mtpspec train --kind` can train.
+TRAIN_KINDS = ("mtp", "draft-model")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    # What to train: "mtp" (the head) or "independent" (a small standalone draft LM with its
-    # own embedding and KV cache: the baseline `mtpspec bench` compares against).
-    drafter: str = "mtp"
-    # Draft steps unrolled per position (the head's recurrence, exactly as at decode time).
-    num_steps: int = 5
+    # What to train: "mtp" (the head) or "draft-model" (a small standalone draft LM with its
+    # own embedding and KV cache: the baseline `mtpspec bench` runs as HF assisted generation).
+    kind: str = "mtp"
+    # Draft steps unrolled per position (the head's recurrence, exactly as at decode time): the
+    # most drafts per round the head is trained for, saved as HeadConfig.max_draft_tokens.
+    max_draft_tokens: int = 5
     # Passes over the training split.
     epochs: int = 2
     # Sequences per optimizer step (global, summed over DDP ranks).
@@ -119,19 +124,22 @@ class TrainConfig:
     # Weight of draft step j's loss is step_decay ** j (1.0 = all steps equal). A later draft
     # only pays off when every earlier one was accepted, so the early steps matter most.
     step_decay: float = 1.0
-    # Hidden size / layers of the independent drafter (drafter="independent").
-    indep_hidden: int = 64
-    indep_layers: int = 2
+    # Hidden size / layers of the draft model (kind="draft-model").
+    draft_model_hidden: int = 64
+    draft_model_layers: int = 2
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.drafter not in ("mtp", "independent"):
-            raise InputError(f"drafter must be 'mtp' or 'independent', got {self.drafter!r}.")
-        if self.num_steps < 1 or self.epochs < 1 or self.batch_size < 1:
-            raise InputError("num_steps, epochs and batch_size must be >= 1.")
+        if self.kind not in TRAIN_KINDS:
+            raise InputError(f"kind must be one of {', '.join(TRAIN_KINDS)}, got {self.kind!r}.")
+        if self.max_draft_tokens < 1 or self.epochs < 1 or self.batch_size < 1:
+            raise InputError("max_draft_tokens, epochs and batch_size must be >= 1.")
         if not 0.0 <= self.holdout < 1.0:
             raise InputError("holdout must be in [0, 1).")
         if self.lr <= 0:
             raise InputError("lr must be > 0.")
         if not 0.0 < self.step_decay <= 1.0:
             raise InputError(f"step_decay must be in (0, 1], got {self.step_decay}.")
+        if self.draft_model_hidden < 1 or self.draft_model_layers < 1:
+            raise InputError("draft_model_hidden and draft_model_layers must be >= 1.")
+

@@ -8,64 +8,56 @@ This measures acceptance only (no timing, so it may run beside other work); spee
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from ..prompts import Prompt
-from ..core.decode import DecodeStats, generate
+from ..core.decode import generate
+from ..core.stats import DecodeStats
 from ..core.target import Target
+from ..prompts import Prompt
 
 ALL = "all"
 
 
-@dataclass
+@dataclass(frozen=True)
 class AcceptanceRow:
-    k: int
+    """One cell of the table: every prompt of `category` run at k drafts per round and one
+    temperature, their DecodeStats merged into one."""
+
+    k: int  # num_draft_tokens
     temperature: float
     category: str
-    prompts: int = 0
-    new_tokens: int = 0
-    accept_hist: list[int] = field(default_factory=list)
-    pos_checked: list[int] = field(default_factory=list)
-    pos_passed: list[int] = field(default_factory=list)
-
-    def add(self, s: DecodeStats) -> None:
-        self.prompts += 1
-        self.new_tokens += s.new_tokens
-        for name in ("accept_hist", "pos_checked", "pos_passed"):
-            mine, theirs = getattr(self, name), getattr(s, name)
-            setattr(self, name, [a + b for a, b in zip(mine, theirs)] if mine else list(theirs))
-
-    @property
-    def stats(self) -> DecodeStats:
-        return DecodeStats(rounds=sum(self.accept_hist), accept_hist=self.accept_hist, pos_checked=self.pos_checked,
-                           pos_passed=self.pos_passed)
+    prompts: int
+    stats: DecodeStats
 
     def to_dict(self) -> dict[str, Any]:
         s = self.stats
         return {"k": self.k, "temperature": self.temperature, "category": self.category, "prompts": self.prompts,
-                "new_tokens": self.new_tokens, "mean_accepted": round(s.mean_accepted, 3),
+                "new_tokens": s.new_tokens, "mean_accepted": round(s.mean_accepted, 3),
                 "position_acceptance": [round(r, 3) for r in s.position_acceptance]}
 
 
 def measure_acceptance(target: Target, head: Any, prompts: Sequence[Prompt], inputs: Sequence[torch.Tensor],
-                       ks: Sequence[int], temperatures: Sequence[float], max_new_tokens: int = 128,
+                       num_draft_tokens: Sequence[int], temperatures: Sequence[float], max_new_tokens: int = 128,
                        top_p: float = 1.0, seed: int = 0, progress: bool = True) -> list[AcceptanceRow]:
-    rows: dict[tuple[int, float, str], AcceptanceRow] = {}
-    bar = tqdm(total=len(prompts) * len(ks) * len(temperatures), desc="acceptance", unit="run", disable=not progress)
+    """Run every prompt at every k in `num_draft_tokens` and every temperature; one row per
+    (k, temperature, category), plus the category ALL over every prompt."""
+    runs: dict[tuple[int, float, str], list[DecodeStats]] = {}
+    bar = tqdm(total=len(prompts) * len(num_draft_tokens) * len(temperatures), desc="acceptance", unit="run",
+               disable=not progress)
     for i, (p, ids) in enumerate(zip(prompts, inputs)):
-        for k in ks:
+        for k in num_draft_tokens:
             for temp in temperatures:
                 out = generate(target, head, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k,
                                temperature=temp, top_p=top_p if temp > 0 else 1.0, seed=seed + i if temp > 0 else None)
                 for cat in (p.category, ALL):
-                    rows.setdefault((k, temp, cat), AcceptanceRow(k, temp, cat)).add(out.stats)
+                    runs.setdefault((k, temp, cat), []).append(out.stats)
                 bar.update()
     bar.close()
-    return list(rows.values())
+    return [AcceptanceRow(k, t, c, len(stats), DecodeStats.merge(stats)) for (k, t, c), stats in runs.items()]
 
 
 def markdown(rows: Sequence[AcceptanceRow]) -> str:

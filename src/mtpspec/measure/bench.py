@@ -2,17 +2,22 @@
 
 Methods run interleaved prompt by prompt after a warm-up, with their order rotating from one
 prompt to the next, so machine noise (another job, thermal throttling) hits all of them alike.
-A method is a name and a `run(ids) -> RunOutput` function; target forwards are counted the
-same way for every method, by a forward hook on the target that is removed after each run.
+A method is a name and a `run(ids) -> RunOutput` function that also reports the target
+forwards it ran (prefill included): HF's `generate` runs the model's decoder stack once per
+forward, counted by a hook on it that never outlives the call; mtpspec's loop runs its own
+`Target.forward` and counts its passes in `DecodeStats.target_forwards`. The bench test checks
+that both counters read one forward per token for plain decoding.
 Everything measured comes back as dataclasses; `report.py` writes them out.
 
 Methods: `hf` (Hugging Face greedy `generate`, the reference output), `k0` (mtpspec's loop
 without drafts), `mtp` and `mtp_k{k}` (mtpspec with the MTP head), `assisted` (HF assisted
-generation with an independent draft LM) and `lookup` (HF prompt lookup decoding).
+generation with a draft model, a small standalone LM) and `lookup` (HF prompt lookup decoding).
 """
 
 from __future__ import annotations
 
+import datetime
+import platform
 import resource
 import sys
 import time
@@ -25,14 +30,16 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..core.decode import DecodeStats
 from ..core.decode import generate as mtp_generate
+from ..core.stats import DecodeStats
+from ..core.target import Target
 from ..errors import InputError
 from ..prompts import Prompt
-from ..core.target import Target
 
 METHODS = ("hf", "k0", "mtp", "assisted", "lookup")
 ALL = "all"  # the category name of the overall summary
+FRESH_HEAD_NOTE = ("mtp: no trained head for this target, so a freshly initialised head was used; its acceptance is "
+                   "near zero. Pass --head DIR.")
 
 
 # -- configuration ----------------------------------------------------------------------------
@@ -40,8 +47,8 @@ ALL = "all"  # the category name of the overall summary
 class BenchConfig:
     # Methods to run, in this order for the first prompt (rotated for each next one).
     methods: tuple[str, ...] = METHODS
-    # Drafts per round for `mtp`; None = the head's recommended k.
-    k: int | None = None
+    # Drafts per round (k) for `mtp`; None = the head's recommended k.
+    num_draft_tokens: int | None = None
     # Extra `mtp_k{k}` methods, one per k.
     sweep: tuple[int, ...] = ()
     max_new_tokens: int = 128
@@ -63,8 +70,8 @@ class BenchConfig:
                              "(use --sweep for mtp_k<k>).")
         if not self.methods and not self.sweep:
             raise InputError("No methods to run: give --methods and/or --sweep.")
-        if self.k is not None and self.k < 1:
-            raise InputError(f"--k must be >= 1 (k0 is plain decoding), got {self.k}.")
+        if self.num_draft_tokens is not None and self.num_draft_tokens < 1:
+            raise InputError(f"--num-draft-tokens must be >= 1 (k0 is plain decoding), got {self.num_draft_tokens}.")
         if any(k < 1 for k in self.sweep):
             raise InputError(f"--sweep values must be >= 1, got {list(self.sweep)}.")
         if self.max_new_tokens < 1 or self.reps < 1 or self.warmup < 0 or self.lookup_tokens < 1:
@@ -80,7 +87,8 @@ class BenchConfig:
 class RunOutput:
     tokens: list[int]  # the new tokens only
     seconds: float  # wall time of the whole call
-    ttft: float | None  # seconds to the first new token, any drafter prefill included
+    ttft: float | None  # seconds to the first new token, any draft model prefill included
+    target_forwards: int  # forward passes of the target, prefill included
     stats: DecodeStats | None  # mtpspec's own loop only
 
 
@@ -132,12 +140,13 @@ def hf_method(name: str, model: Any, max_new_tokens: int, **generate_kw: Any) ->
 
     def run(ids: torch.Tensor) -> RunOutput:
         clock = _FirstTokenClock()
-        t0 = time.perf_counter()
-        out = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(ids),
-                             streamer=clock, **generate_kw)
-        seconds = time.perf_counter() - t0
+        with count_forwards(model) as forwards:
+            t0 = time.perf_counter()
+            out = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(ids),
+                                 streamer=clock, **generate_kw)
+            seconds = time.perf_counter() - t0
         ttft = clock.first - t0 if clock.first is not None else None
-        return RunOutput(out[0, ids.shape[1]:].tolist(), seconds, ttft, None)
+        return RunOutput(out[0, ids.shape[1]:].tolist(), seconds, ttft, forwards[0], None)
 
     return Method(name, run)
 
@@ -156,46 +165,46 @@ def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens:
         out = mtp_generate(target, head, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k, on_tokens=on_tokens)
         seconds = time.perf_counter() - t0
         return RunOutput(out.sequences[0, ids.shape[1]:].tolist(), seconds, first[0] - t0 if first else None,
-                         out.stats)
+                         out.stats.target_forwards, out.stats)
 
     memory = DrafterMemory(param_bytes=head.inference_bytes()) if head is not None and k else DrafterMemory()
     return Method(name, run, memory, k)
 
 
-def independent_memory(drafter: Any) -> DrafterMemory:
-    """An independent draft LM owns its weights and a KV cache of its own:
+def draft_model_memory(model: Any) -> DrafterMemory:
+    """A draft model owns its weights and a KV cache of its own:
     2 (K and V) * layers * kv_heads * head_dim * element size bytes per cached position."""
-    c = drafter.config
+    c = model.config
     heads = int(c.num_attention_heads)
     kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
-    tensors = list(drafter.parameters()) + list(drafter.buffers())
-    elem = next(iter(drafter.parameters())).element_size()
+    tensors = list(model.parameters()) + list(model.buffers())
+    elem = next(iter(model.parameters())).element_size()
     return DrafterMemory(param_bytes=sum(t.numel() * t.element_size() for t in tensors),
                          kv_bytes_per_token=2 * int(c.num_hidden_layers) * kv_heads * head_dim * elem)
 
 
-def load_drafter(path: str | Path, dtype: torch.dtype) -> Any:
-    """An independent draft LM saved with `save_pretrained` (e.g. <run>/drafter), local files only."""
+def load_draft_model(path: str | Path, dtype: torch.dtype) -> Any:
+    """A draft model saved with `save_pretrained` (e.g. <run>/draft_model), local files only."""
     p = Path(path).expanduser()
     if not (p / "config.json").is_file():
-        raise InputError(f"Drafter {p} is not a saved Hugging Face model directory (no config.json). Pass the "
-                         "<run>/drafter folder written by `mtpspec train --drafter independent`.")
+        raise InputError(f"Draft model {p} is not a saved Hugging Face model directory (no config.json). Pass the "
+                         "<run>/draft_model folder written by `mtpspec train --kind draft-model`.")
     from transformers import AutoModelForCausalLM
 
     try:
         return AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True).eval()
     except (OSError, ValueError, KeyError) as e:
-        raise InputError(f"Could not load the drafter from {p}: {e}") from e
+        raise InputError(f"Could not load the draft model from {p}: {e}") from e
 
 
-def build_methods(cfg: BenchConfig, model: Any, head: Any = None, drafter: Any = None) -> tuple[list[Method], list[str]]:
+def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: Any = None) -> tuple[list[Method], list[str]]:
     """The methods `cfg` asks for, plus notes on any that had to be skipped."""
     target = Target(model)
     notes: list[str] = []
     if cfg.needs_head and head is None:
         raise InputError("The mtp methods need an MTP head: pass one, or leave mtp out of --methods and --sweep.")
-    k = cfg.k if cfg.k is not None else _head_k(head)
+    k = cfg.num_draft_tokens if cfg.num_draft_tokens is not None else _head_k(head)
     methods = []
     for name in cfg.methods:
         if name == "hf":
@@ -207,15 +216,15 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, drafter: Any =
         elif name == "lookup":
             methods.append(hf_method("lookup", model, cfg.max_new_tokens, prompt_lookup_num_tokens=cfg.lookup_tokens))
         elif name == "assisted":
-            if drafter is None:
-                notes.append("assisted: skipped, no independent drafter given (pass --drafter DIR, a model saved "
-                             "by `mtpspec train --drafter independent` in <run>/drafter).")
+            if draft_model is None:
+                notes.append("assisted: skipped, no draft model given (pass --draft-model DIR, a model saved "
+                             "by `mtpspec train --kind draft-model` in <run>/draft_model).")
                 continue
-            if drafter.config.vocab_size != target.vocab_size:
-                raise InputError(f"The drafter's vocabulary ({drafter.config.vocab_size}) differs from the target's "
-                                 f"({target.vocab_size}); assisted generation needs a shared tokenizer.")
-            m = hf_method("assisted", model, cfg.max_new_tokens, assistant_model=drafter)
-            methods.append(Method(m.name, m.run, independent_memory(drafter)))
+            if draft_model.config.vocab_size != target.vocab_size:
+                raise InputError(f"The draft model's vocabulary ({draft_model.config.vocab_size}) differs from the "
+                                 f"target's ({target.vocab_size}); assisted generation needs a shared tokenizer.")
+            m = hf_method("assisted", model, cfg.max_new_tokens, assistant_model=draft_model)
+            methods.append(Method(m.name, m.run, draft_model_memory(draft_model)))
     for kk in cfg.sweep:
         methods.append(mtpspec_method(f"mtp_k{kk}", target, head, kk, cfg.max_new_tokens))
     return methods, notes
@@ -230,9 +239,9 @@ def _head_k(head: Any) -> int | None:
 # -- measuring --------------------------------------------------------------------------------
 @contextmanager
 def count_forwards(model: Any) -> Iterator[list[int]]:
-    """Count forward passes of the target's decoder stack (`model.model`, which both HF
-    `generate` and mtpspec's `Target.forward` run once per pass) while the block runs; the hook
-    never outlives it."""
+    """Count forward passes of a Hugging Face model's decoder stack (`model.model`, which HF
+    `generate` runs once per pass, the draft model's own stack aside) while the block runs; the
+    hook never outlives it."""
     count = [0]
     base = getattr(model, "model", model)
     handle = base.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
@@ -253,10 +262,8 @@ class Record:
     new_tokens: int
     seconds: float
     ttft: float | None
-    target_forwards: int
-    accept_hist: list[int] | None  # mtpspec methods
-    pos_checked: list[int] | None  # mtpspec methods: per draft position, times checked / passed
-    pos_passed: list[int] | None
+    target_forwards: int  # prefill included (see RunOutput)
+    stats: DecodeStats | None  # mtpspec's own loop only: acceptance histogram, per-position counts
     identical: bool | None = None  # output equals hf's (first rep) token for token; None: hf not run
     first_diff: int | None = None  # index of the first token that differs from hf's output
     tokens: list[int] = field(default_factory=list, repr=False)
@@ -284,7 +291,7 @@ class Summary:
 @dataclass
 class BenchResult:
     config: BenchConfig
-    info: dict[str, Any]  # target, dtype, head, drafter, versions, threads
+    info: dict[str, Any]  # target, dtype, head, draft model, versions, threads (see `environment_info`)
     methods: list[str]
     categories: list[str]
     records: list[Record]
@@ -312,8 +319,41 @@ class BenchResult:
                            "bytes_at_context": {str(c): mem.at(c) for c in self.config.contexts}}
                        for m, mem in self.memory.items()},
             "summaries": [asdict(s) for s in self.summaries],
-            "records": [{k: v for k, v in asdict(r).items() if k != "tokens"} for r in self.records],
+            "records": [_record_dict(r) for r in self.records],
         }
+
+
+def _record_dict(r: Record) -> dict[str, Any]:
+    """One record for results.json: its stats as `DecodeStats.to_dict` writes them (mean accepted,
+    acceptance histogram, per-position rates), its tokens left out."""
+    d = {f: getattr(r, f) for f in ("method", "question_id", "category", "rep", "new_tokens", "seconds", "ttft",
+                                    "target_forwards", "identical", "first_diff")}
+    d["stats"] = r.stats.to_dict() if r.stats is not None else None
+    return d
+
+
+def environment_info(cfg: BenchConfig, target_name: str, dtype: str, prompts_file: str | Path | None = None,
+                     head_source: str = "-", draft_model: Any = None, draft_model_dir: str | Path | None = None,
+                     now: datetime.datetime | None = None) -> dict[str, Any]:
+    """What a report needs to be reproduced: date, target, dtype, threads, library versions, CPU,
+    prompts, head, draft model, and the HF settings `assisted` and `lookup` run with."""
+    import transformers
+
+    now = now or datetime.datetime.now()
+    info: dict[str, Any] = {
+        "date": now.isoformat(timespec="seconds"), "target": target_name, "dtype": dtype,
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "cpu": platform.processor() or platform.machine(), "prompts_file": str(prompts_file or "built-in default"),
+        "head": head_source, "draft_model": str(draft_model_dir) if draft_model is not None else "-",
+    }
+    if draft_model is not None:
+        gc = draft_model.generation_config  # None = the value transformers fills in at generate time
+        names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+        vals = {n: getattr(gc, n, None) for n in names}
+        info["assistant"] = ", ".join(f"{n}={'HF default' if v is None else v}" for n, v in vals.items())
+    if "lookup" in cfg.methods:
+        info["lookup"] = f"prompt_lookup_num_tokens={cfg.lookup_tokens}"
+    return info
 
 
 def peak_rss_bytes() -> int:
@@ -323,8 +363,7 @@ def peak_rss_bytes() -> int:
 
 
 def run_bench(cfg: BenchConfig, methods: Sequence[Method], prompts: Sequence[Prompt], inputs: Sequence[torch.Tensor],
-              model: Any, info: dict[str, Any] | None = None, notes: Sequence[str] = (),
-              progress: bool = True) -> BenchResult:
+              info: dict[str, Any] | None = None, notes: Sequence[str] = (), progress: bool = True) -> BenchResult:
     """Run every method on every prompt (`inputs[i]` holds prompt i's (1, T) ids)."""
     if not methods:
         raise InputError("No method left to run (see the notes on skipped methods).")
@@ -342,12 +381,9 @@ def run_bench(cfg: BenchConfig, methods: Sequence[Method], prompts: Sequence[Pro
         for rep in range(cfg.reps):
             j = (i * cfg.reps + rep) % n  # rotate the order: no method always runs right after another
             for m in list(methods[j:]) + list(methods[:j]):
-                with count_forwards(model) as forwards:
-                    out = m.run(ids)
+                out = m.run(ids)
                 records.append(Record(m.name, p.question_id, p.category, rep, len(out.tokens), out.seconds, out.ttft,
-                                      forwards[0], out.stats.accept_hist if out.stats else None,
-                                      out.stats.pos_checked if out.stats else None,
-                                      out.stats.pos_passed if out.stats else None, tokens=out.tokens))
+                                      out.target_forwards, out.stats, tokens=out.tokens))
                 bar.update()
     bar.close()
 
@@ -382,8 +418,8 @@ def summarize(records: Sequence[Record], method: str, category: str = ALL) -> Su
     seconds = sum(r.seconds for r in rs)
     forwards = sum(r.target_forwards for r in rs)
     ttfts = [r.ttft for r in rs if r.ttft is not None]
-    if rs and rs[0].accept_hist is not None:  # mtpspec's loop: prefill excluded, from DecodeStats
-        merged = merge_stats(rs)
+    if rs and all(r.stats is not None for r in rs):  # mtpspec's loop: prefill excluded, from DecodeStats
+        merged = DecodeStats.merge(r.stats for r in rs if r.stats is not None)
         mean_accepted: float | None = merged.mean_accepted
         positions = merged.position_acceptance or None
     else:  # HF: every target forward verifies drafts (assisted/lookup verify with the prompt too)
@@ -397,17 +433,6 @@ def summarize(records: Sequence[Record], method: str, category: str = ALL) -> Su
                    forwards_per_token=forwards / tokens if tokens else 0.0,
                    ttft_s=sum(ttfts) / len(ttfts) if ttfts else None, identical=identical,
                    position_acceptance=positions)
-
-
-def merge_stats(records: Sequence[Record]) -> DecodeStats:
-    """One DecodeStats over many runs of the same method (same k): acceptance histograms summed."""
-    def total(lists: list[list[int] | None]) -> list[int]:
-        return [sum(h) for h in zip(*(x or [] for x in lists))]
-
-    hist = total([r.accept_hist for r in records])
-    return DecodeStats(rounds=sum(hist), accept_hist=hist, num_draft_tokens=max(len(hist) - 1, 0),
-                       pos_checked=total([r.pos_checked for r in records]),
-                       pos_passed=total([r.pos_passed for r in records]))
 
 
 def _add_speedups(summaries: list[Summary]) -> None:

@@ -1,12 +1,20 @@
-"""Heads shipped with the package, one folder per embedded target."""
+"""Heads shipped with the package, one folder per embedded target, and the policy that picks
+the head to draft with."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.head import CONFIG_NAME
+from safetensors import SafetensorError
+
+from ..config import HeadConfig
+from ..core.head import CONFIG_NAME, MTPHead, saved_head_config
+from ..errors import InputError, MtpspecError
 
 HERE = Path(__file__).parent
 
@@ -17,6 +25,61 @@ FALLBACK_K = 3
 def shipped_head_dir(target_name: str) -> Path | None:
     d = HERE / target_name
     return d if (d / CONFIG_NAME).is_file() else None
+
+
+FRESH_HEAD_WARNING = ("warning: no trained head for this target; using a freshly initialised head, which accepts "
+                      "few drafts. Train one with `mtpspec data` and `mtpspec train`, then pass --head DIR.")
+
+
+@dataclass(frozen=True)
+class HeadChoice:
+    head: MTPHead
+    directory: Path | None  # where it was loaded from; None = freshly initialised (untrained)
+
+    @property
+    def source(self) -> str:
+        """For reports: the directory, or that the head is untrained."""
+        return str(self.directory) if self.directory is not None else "fresh (untrained)"
+
+
+def resolve_head(target: Any, target_name: str, head_dir: str | Path | None = None, fresh: bool = False,
+                 warn: Callable[[str], None] | None = None) -> HeadChoice:
+    """The head to draft with: `head_dir` if given, else the head shipped for `target_name`
+    (unless `fresh`), else a freshly initialised one - after calling `warn` with
+    FRESH_HEAD_WARNING, since an untrained head accepts almost nothing."""
+    if head_dir is not None:
+        return HeadChoice(load_head(head_dir, target), Path(head_dir))
+    shipped = shipped_head_dir(target_name)
+    if shipped is not None and not fresh:
+        return HeadChoice(load_head(shipped, target), shipped)
+    if warn is not None:
+        warn(FRESH_HEAD_WARNING)
+    return HeadChoice(MTPHead.for_target(target), None)
+
+
+def load_head(head_dir: str | Path, target: Any) -> MTPHead:
+    """`MTPHead.from_pretrained`, with a damaged directory reported as an InputError."""
+    with _readable(head_dir):
+        return MTPHead.from_pretrained(head_dir, target)
+
+
+def load_head_config(head_dir: str | Path) -> HeadConfig:
+    """The architecture of a saved head (without its weights), damage reported as an InputError."""
+    with _readable(head_dir):
+        return saved_head_config(head_dir)
+
+
+@contextmanager
+def _readable(head_dir: str | Path) -> Iterator[None]:
+    """Turn what a damaged head directory raises (bad JSON, missing fields, corrupt or
+    mismatched weights) into an InputError that names the directory, not a raw traceback."""
+    try:
+        yield
+    except MtpspecError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
+        raise InputError(f"{head_dir} is not a readable mtpspec head ({type(e).__name__}: {e}). "
+                         "Save it again with `mtpspec train`, or pass another --head.") from None
 
 
 def default_k(head: Any) -> int:

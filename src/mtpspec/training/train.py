@@ -1,4 +1,5 @@
-"""Training a drafter on cached target activations; the target stays frozen throughout.
+"""Training an MTP head (or a baseline draft model) on cached target activations; the target
+stays frozen throughout.
 
 Letters: B sequences, T positions, K unrolled draft steps, k teacher top-k, V' draft vocab.
 
@@ -6,8 +7,8 @@ The MTP head is trained exactly as it drafts: row t of a sequence stands for "th
 position is t"; the head unrolls K steps with its own recurrent state, feeding the data's
 tokens (the target's own greedy output) and attending to the target's cached keys 0..t. Step j
 is distilled against the target's distribution at position t+1+j (top-k log-probs), plus a
-small hard-label term. The independent baseline drafter is trained on the same data with
-the same teacher, next-token only.
+small hard-label term. The baseline draft model (a standalone small LM, run by Hugging Face
+assisted generation) is trained on the same data with the same teacher, next-token only.
 
 Runs under `torchrun --nproc_per_node=N` with DistributedDataParallel (gloo on CPU, NCCL on
 GPU): each rank takes a slice of every global batch and the loss is normalised by the global
@@ -21,7 +22,7 @@ import math
 import os
 import random
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +32,18 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from .activations import Sample, load_cache, token_frequencies
 from ..config import HeadConfig, TrainConfig
-from ..errors import DataError, InputError
 from ..core.head import MTPHead
 from ..core.target import Target
+from ..errors import DataError, InputError
+from ..models import load_target
+from ..pretrained import load_head, load_head_config
+from .activations import Sample, build_cache, load_cache, token_frequencies
+from .data import read_manifest
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
+DRAFT_MODEL_DIR = "draft_model"  # where kind "draft-model" saves its model (`mtpspec bench --draft-model`)
 
 
 # -- batching ---------------------------------------------------------------------------------
@@ -96,7 +101,7 @@ def distill_loss(logits: torch.Tensor, top_logp: torch.Tensor, top_ids: torch.Te
     return (soft + label_weight * hard).sum(), int(valid.sum())
 
 
-# -- the two drafters' objectives ---------------------------------------------------------------
+# -- the two objectives: MTP head, draft model ---------------------------------------------------
 class MTPObjective:
     """Unrolls the head for K steps over whole sequences; reports greedy acceptance."""
 
@@ -116,7 +121,7 @@ class MTPObjective:
         # rows before start predict only prompt tokens: skip them (about 40% of the compute)
         start = max(0, int(batch["prompt_lens"].min()) - 2)
         logits = model(batch["hidden"].to(dt), batch["ids"], batch["keys"].to(dt), batch["values"].to(dt),
-                       self.cfg.num_steps, start)
+                       self.cfg.max_draft_tokens, start)
         total, rows = torch.zeros(()), 0
         ids = batch["ids"]
         D = self.head.target.hidden_size
@@ -140,7 +145,7 @@ class MTPObjective:
     def acceptance(self, samples: list[Sample], batch_size: int) -> dict[str, float]:
         """Greedy tokens per target forward on held-out samples if every row were a round:
         1 + the number of leading steps whose draft equals the data's next token."""
-        K = self.cfg.num_steps
+        K = self.cfg.max_draft_tokens
         runs, hits = [], torch.zeros(K)
         for i in range(0, len(samples), batch_size):
             b = collate(samples[i:i + batch_size])
@@ -161,7 +166,7 @@ class MTPObjective:
         return {"accept": 1.0 + float(r.mean()), **{f"pos{j + 1}": float(hits[j] / max(1, r.numel())) for j in range(K)}}
 
 
-class IndependentObjective:
+class DraftModelObjective:
     """A standalone small causal LM distilled on the target's next-token distribution."""
 
     def __init__(self, model: nn.Module, cfg: TrainConfig):
@@ -180,7 +185,7 @@ class IndependentObjective:
 
     @torch.no_grad()
     def acceptance(self, samples: list[Sample], batch_size: int) -> dict[str, float]:
-        """Greedy next-token agreement with the data (the independent drafter's step-1 rate)."""
+        """Greedy next-token agreement with the data (the draft model's step-1 rate)."""
         hit = tot = 0
         for i in range(0, len(samples), batch_size):
             b = collate(samples[i:i + batch_size])
@@ -193,14 +198,14 @@ class IndependentObjective:
         return {"pos1": hit / max(1, tot)}
 
 
-def independent_drafter(target: Target, cfg: TrainConfig) -> nn.Module:
+def draft_model(target: Target, cfg: TrainConfig) -> nn.Module:
     """A small Llama with its own (tied) embedding table over the target's full vocabulary,
     usable as `assistant_model` in Hugging Face assisted generation."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    D = cfg.indep_hidden
+    D = cfg.draft_model_hidden
     c = LlamaConfig(vocab_size=target.vocab_size, hidden_size=D, intermediate_size=4 * D,
-                    num_hidden_layers=cfg.indep_layers, num_attention_heads=max(1, D // 32),
+                    num_hidden_layers=cfg.draft_model_layers, num_attention_heads=max(1, D // 32),
                     num_key_value_heads=max(1, D // 64), max_position_embeddings=8192, tie_word_embeddings=True,
                     bos_token_id=getattr(target.config, "bos_token_id", None),
                     eos_token_id=getattr(target.config, "eos_token_id", None),
@@ -254,12 +259,14 @@ def init_distributed() -> tuple[int, int]:
 def train(target: Target, cache_dir: str | Path | list[str | Path], out_dir: str | Path, cfg: TrainConfig,
           head_config: HeadConfig | None = None, resume: bool = False, max_steps: int | None = None,
           progress: bool = True, init_head: str | Path | None = None) -> dict[str, Any]:
-    """Train a drafter; writes checkpoints, metrics.jsonl and the final drafter into out_dir.
+    """Train an MTP head or a draft model (`cfg.kind`); writes checkpoints, metrics.jsonl and the
+    result (out_dir/head or out_dir/draft_model) into out_dir.
 
     cache_dir: one activations directory or several (one per data set; each is split into
     train/held-out on its own). `max_steps` stops early (as a kill would) - for tests and
     time-boxed runs. `init_head`: a saved head to continue from (its config and draft
     vocabulary are kept; `head_config` is then ignored), e.g. to go on training on more data.
+    A fresh head is trained for `cfg.max_draft_tokens`, whatever `head_config` says.
     """
     out = Path(out_dir)
     rank, world = init_distributed()
@@ -272,14 +279,14 @@ def train(target: Target, cache_dir: str | Path | list[str | Path], out_dir: str
     for d in cache_dir if isinstance(cache_dir, list) else [cache_dir]:
         tr, he = split(load_cache(d), cfg)
         train_set, held = train_set + tr, held + he
-    hc = head_config or HeadConfig()
+    hc = replace(head_config or HeadConfig(), max_draft_tokens=cfg.max_draft_tokens)
     torch.manual_seed(cfg.seed)
-    if cfg.drafter == "mtp":
+    if cfg.kind == "mtp":
         if init_head is not None:
-            head = MTPHead.from_pretrained(init_head, target).float()
-            if head.config.max_draft_tokens < cfg.num_steps:
+            head = load_head(init_head, target).float()
+            if head.config.max_draft_tokens < cfg.max_draft_tokens:
                 raise InputError(f"{init_head} drafts at most {head.config.max_draft_tokens} tokens; "
-                                 f"train it with num_steps <= that, not {cfg.num_steps}.")
+                                 f"train it with max_draft_tokens <= that, not {cfg.max_draft_tokens}.")
         else:
             draft_ids = None
             if hc.draft_vocab_size:
@@ -287,11 +294,11 @@ def train(target: Target, cache_dir: str | Path | list[str | Path], out_dir: str
                 draft_ids = freq.topk(hc.draft_vocab_size).indices.sort().values
             head = MTPHead(target, hc, draft_ids).float()
         head.train()
-        obj: MTPObjective | IndependentObjective = MTPObjective(head, cfg)
+        obj: MTPObjective | DraftModelObjective = MTPObjective(head, cfg)
     elif init_head is not None:
-        raise InputError("init_head continues an MTP head; it does not apply to the independent drafter.")
+        raise InputError("init_head continues an MTP head; it does not apply to kind 'draft-model'.")
     else:
-        obj = IndependentObjective(independent_drafter(target, cfg), cfg)
+        obj = DraftModelObjective(draft_model(target, cfg), cfg)
     module = obj.module()
     model: nn.Module = nn.parallel.DistributedDataParallel(module) if world > 1 else module
     opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=cfg.lr,
@@ -312,7 +319,7 @@ def train(target: Target, cache_dir: str | Path | list[str | Path], out_dir: str
     elif resume:
         raise InputError(f"--resume given but {ckpt} does not exist; start without --resume.")
 
-    bar = tqdm(total=total, initial=step, desc=f"train {cfg.drafter}", unit="step", disable=not (progress and main))
+    bar = tqdm(total=total, initial=step, desc=f"train {cfg.kind}", unit="step", disable=not (progress and main))
     metrics_f = (out / METRICS).open("a") if main else None
     stop = total if max_steps is None else min(total, max_steps)
     while step < stop:
@@ -373,4 +380,40 @@ def _save_final(module: nn.Module, out: Path) -> None:
     if isinstance(module, MTPHead):
         module.save_pretrained(out / "head")
     else:
-        module.save_pretrained(out / "drafter")  # type: ignore[operator]
+        module.save_pretrained(out / DRAFT_MODEL_DIR)  # type: ignore[operator]
+
+
+def train_on_data(data_dirs: list[str | Path] | list[Path], out_dir: str | Path, cfg: TrainConfig,
+                  head_config: HeadConfig | None = None, target_name: str | None = None, teacher_topk: int = 32,
+                  cache_dtype: str = "bf16", resume: bool = False, max_steps: int | None = None,
+                  init_head: str | Path | None = None, progress: bool = True) -> dict[str, Any] | None:
+    """`mtpspec train` end to end: cache the target's activations on each data set, then `train`.
+
+    1. Check every data directory before loading any model, so a typo fails in a second.
+    2. Rank 0 alone runs the target (in `cache_dtype`) once over each data set into
+       out_dir/activations, activations-1, ... (resumable); under torchrun the other ranks wait
+       at a barrier, then all read the same caches.
+    3. Every rank trains on an fp32 copy of the target (frozen; only its modules are shared).
+
+    Returns `train`'s result on rank 0 and None on the others, so that one process reports.
+    """
+    if not data_dirs:
+        raise InputError("Give at least one data directory (written by `mtpspec data`).")
+    for d in data_dirs:
+        read_manifest(d)
+    out = Path(out_dir)
+    # continuing a saved head: its architecture decides what the activation cache holds
+    hc = load_head_config(init_head) if init_head is not None else (head_config or HeadConfig())
+    rank, world = init_distributed()
+    cache_dirs: list[str | Path] = [out / ("activations" if i == 0 else f"activations-{i}") for i in range(len(data_dirs))]
+    if rank == 0:
+        cache_target = Target(load_target(target_name, cache_dtype).model)
+        for data_dir, cache_dir in zip(data_dirs, cache_dirs):
+            build_cache(cache_target, data_dir, cache_dir, hc.hidden_layers, hc.kv_layer, teacher_topk, progress=progress)
+        del cache_target
+    if world > 1:
+        dist.barrier()
+    target = Target(load_target(target_name, "fp32").model)
+    result = train(target, cache_dirs, out, cfg, hc, resume=resume, max_steps=max_steps, progress=progress,
+                   init_head=init_head)
+    return result if rank == 0 else None
