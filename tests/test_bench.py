@@ -38,15 +38,15 @@ def bench_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
     model, _ = save_tiny_model_dir(tmp / "model")
     MTPHead.for_target(model).save_pretrained(tmp / "head")
-    drafter = draft_model(Target(model), TrainConfig(draft_model_hidden=16))
-    drafter.save_pretrained(tmp / "draft_model")
+    dm = draft_model(Target(model), TrainConfig(draft_model_hidden=16))
+    dm.save_pretrained(tmp / "draft_model")
     out = tmp / "report"
     r = runner.invoke(app, ["bench", "--target", str(tmp / "model"), "--head", str(tmp / "head"),
                             "--draft-model", str(tmp / "draft_model"), "--prompts", str(write_prompts(tmp / "p.jsonl")),
                             "--max-new-tokens", "8", "--reps", "1", "--warmup", "1", "-k", "3", "--sweep", "1,2",
                             "--threads", "1", "--no-progress", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    return out, json.loads((out / "results.json").read_text()), drafter
+    return out, json.loads((out / "results.json").read_text()), dm
 
 
 def test_report_files_and_every_method(bench_run):
@@ -97,9 +97,9 @@ def test_records_carry_decode_stats_for_mtpspec_methods_only(bench_run):
 
 
 def test_draft_model_memory(bench_run):
-    _, res, drafter = bench_run
+    _, res, dm = bench_run
     mem = res["memory"]
-    c = drafter.config  # 2 layers, 1 kv head of dim 16, fp32: K and V per layer per position
+    c = dm.config  # 2 layers, 1 kv head of dim 16, fp32: K and V per layer per position
     per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
     assert mem["assisted"]["kv_bytes_per_token"] == per_token
     at = mem["assisted"]["bytes_at_context"]

@@ -185,6 +185,9 @@ def bad_inputs(model_dir, tmp_path_factory):
     (tmp / "bad_head" / "mtp_head.json").write_text('{"format_version": 1, ')
     MTPHead.for_target(model).save_pretrained(tmp / "bad_weights")
     (tmp / "bad_weights" / "mtp_head.safetensors").write_bytes(b"\0" * 16)
+    from conftest import write_tiny_data
+
+    write_tiny_data(model, tmp / "data", n=2, new=4)
     nochat = tmp / "nochat"
     save_tiny_model_dir(nochat)
     (nochat / "chat_template.jinja").unlink()
@@ -201,10 +204,13 @@ BAD = [
     ("data --out {tmp}/o2 --prompts-file {tmp}/bad.jsonl", "bad.jsonl:2 is not valid JSON"),
     ("data --out {tmp}/o3 --corpus {tmp}/missing.txt", "Corpus file"),
     ("data --out {tmp}/o4 --target {nochat}", "has no chat template"),
+    ("data --out {tmp}/bad.jsonl", "bad.jsonl is a file"),
     # train
     ("train --data {tmp}/missing --out {tmp}/r1", "is not an mtpspec data directory"),
     ("train --data {tmp}/no_data --out {tmp}/r2", "is not an mtpspec data directory"),
     ("train --data {tmp}/bad_data --out {tmp}/r3", "manifest.json is not valid JSON"),
+    ("train --data {tmp}/data --out {tmp}/r6 --init-head {tmp}/bad_head", "bad_head is not a readable mtpspec head"),
+    ("train --data {tmp}/data --out {tmp}/r7 --init-head {tmp}/no_head", "not a saved mtpspec head"),
     ("train --data {tmp}/no_data --out {tmp}/r4 --hidden-layers -1,x", "--hidden-layers must be comma-separated ints"),
     ("train --data {tmp}/no_data --out {tmp}/r5 --kind independent", "kind must be one of mtp, draft-model"),
     # costs
@@ -242,5 +248,5 @@ def test_bad_input_is_one_error_line_and_exit_2(bad_inputs, command, message):
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], r.stderr
     assert "Traceback" not in r.output
-    for o in ("o1", "o2", "o3", "o4"):  # `mtpspec data` refused before writing anything
+    for o in ("o1", "o2", "o3", "o4", "r1", "r2", "r3", "r6", "r7"):  # refused before writing anything
         assert not (bad_inputs["tmp"] / o).exists()

@@ -58,7 +58,7 @@ def markdown(result: BenchResult) -> str:
     lines += ["", "## Overall", "",
               "tok/s = total new tokens / total wall time; speed-ups are ratios of tok/s from this run. "
               "accepted/fwd: tokens per target forward that verifies drafts. fwd/token: all target forwards "
-              "(prefill included) per new token. TTFT includes any drafter prefill. Memory: what the drafter "
+              "(prefill included) per new token. TTFT includes any draft model prefill. Memory: what the drafter "
               "owns beside the target (weights + its own KV cache) at each context length.", ""]
     header = ["method", "k", "tok/s", "x hf", "x k0", "accepted/fwd", "fwd/token", "TTFT ms", "identical to hf"]
     header += [f"drafter mem @{c}" for c in ctx]
