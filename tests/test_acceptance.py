@@ -30,6 +30,9 @@ def test_acceptance_table_covers_every_category_k_and_temperature(tmp_path):
             parts = [y for y in rows if (y["k"], y["temperature"]) == (x["k"], x["temperature"]) and y["category"] != "all"]
             assert x["prompts"] == sum(y["prompts"] for y in parts) == 3
             assert x["new_tokens"] == sum(y["new_tokens"] for y in parts)
+            # merged rounds: the overall rate is a weighted mean of the categories' rates
+            means = [y["mean_accepted"] for y in parts]
+            assert min(means) - 1e-3 <= x["mean_accepted"] <= max(means) + 1e-3
     assert "| qa | 2 |" in r.stdout and "temperature 1" in r.stdout
 
 
