@@ -178,3 +178,46 @@ def test_drafter_breaking_the_protocol_is_refused():
         mtpspec.generate(tiny_model("llama"), Short(), _prompt(4, 0), max_new_tokens=8, num_draft_tokens=3)
     with pytest.raises(mtpspec.InputError, match="update"):
         mtpspec.generate(tiny_model("llama"), NoFeedback(), _prompt(4, 0), max_new_tokens=8, num_draft_tokens=3)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_bf16_speculative_equals_plain_decoding(family):
+    """In bf16 a verify pass over k + 1 rows must give exactly the logits of k + 1 one-row
+    passes (row-invariant kernels, attention over all slots), so drafting never changes a
+    token: every acceptance length against plain decoding in the same dtype."""
+    model = tiny_model(family).to(torch.bfloat16)
+    for seed, length in enumerate((1, 13, 150)):
+        ids = _prompt(length, seed)
+        plain = mtpspec.generate(model, None, ids, max_new_tokens=48, num_draft_tokens=0, eos_token_id=[])
+        for k in (1, 3, 6):
+            oracle = OracleDrafter(plain.sequences[0].tolist(), vocab=97, seed=seed + k)
+            out = mtpspec.generate(model, oracle, ids, max_new_tokens=48, num_draft_tokens=k, eos_token_id=[])
+            assert torch.equal(out.sequences, plain.sequences), (family, length, k)
+            assert out.stats.rounds < 47  # drafts were accepted, so rows really ran together
+
+
+def test_chosen_kernels_are_row_invariant():
+    """The plan picked on this machine computes a row alone exactly as among others."""
+    from mtpspec.core.kernels import attention, linear
+
+    for dtype in (torch.float32, torch.bfloat16):
+        t = mtpspec.Target(tiny_model("llama").to(dtype))
+        plan = t.plan
+        assert plan.row_invariant, plan
+        g = torch.Generator().manual_seed(0)
+        w = torch.randn(64, 32, generator=g).to(dtype)
+        x = torch.randn(9, 32, generator=g).to(dtype)
+        together = linear(x, w, None, plan.linear)
+        assert all(torch.equal(linear(x[i:i + 1], w, None, plan.linear), together[i:i + 1]) for i in range(9))
+        q = torch.randn(1, 4, 9, 8, generator=g).to(dtype)
+        kv = torch.randn(1, 2, 64, 8, generator=g).to(dtype)
+        mask = torch.arange(64)[None, :] <= torch.arange(40, 49)[:, None]
+        both = attention(q, kv, kv, mask, 8**-0.5, plan.attention)
+        assert all(torch.equal(attention(q[:, :, i:i + 1], kv, kv, mask[i:i + 1], 8**-0.5, plan.attention),
+                               both[:, :, i:i + 1]) for i in range(9))
+
+
+def test_overlong_request_is_refused():
+    model = tiny_model("llama")  # max_position_embeddings = 1024
+    with pytest.raises(mtpspec.InputError, match="1024 positions"):
+        mtpspec.generate(model, None, _prompt(1000, 0), max_new_tokens=100, num_draft_tokens=0)

@@ -2,17 +2,19 @@
 multi-token-prediction head that cross-attends to the target's own KV cache."""
 
 from .config import HeadConfig, SamplingConfig
-from .core.decode import DecodeStats, GenerateOutput, generate
+from .core.decode import DecodeState, GenerateOutput, generate, prefill, step
 from .core.draft import Draft, Drafter, DraftInput
 from .errors import DataError, HeadMismatchError, InputError, MtpspecError, UnsupportedModelError
 from .core.head import MTPHead
-from .core.target import SUPPORTED, Target
+from .core.stats import DecodeStats
+from .core.target import SUPPORTED, KVCache, Target
 
 __version__ = "0.1.0"
 
 __all__ = [
     "SUPPORTED",
     "DataError",
+    "DecodeState",
     "DecodeStats",
     "Draft",
     "DraftInput",
@@ -21,10 +23,13 @@ __all__ = [
     "HeadConfig",
     "HeadMismatchError",
     "InputError",
+    "KVCache",
     "MTPHead",
     "MtpspecError",
     "SamplingConfig",
     "Target",
     "UnsupportedModelError",
     "generate",
+    "prefill",
+    "step",
 ]

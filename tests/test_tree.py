@@ -1,0 +1,150 @@
+"""Draft trees: masks and positions match ones drawn by hand, paths follow parents, and greedy
+decoding with a tree drafter equals HF greedy token for token on every family."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import FAMILIES, hf_greedy, tiny_model
+
+import mtpspec
+from mtpspec import Draft
+from mtpspec.core.tree import children, depths, path_to, positions, tree_mask
+from mtpspec.core.verify import accept_greedy_tree
+
+#        root(0)
+#       /      \
+#   d0(1)      d1(2)
+#   /   \         \
+# d2(3) d3(4)     d4(5)
+#   |
+# d5(6)
+PARENTS = [-1, -1, 0, 0, 1, 2]
+
+
+def test_mask_matches_hand_drawn():
+    want = torch.tensor([
+        # 0  1  2  3  4  5  6
+        [1, 0, 0, 0, 0, 0, 0],  # root
+        [1, 1, 0, 0, 0, 0, 0],  # d0
+        [1, 0, 1, 0, 0, 0, 0],  # d1
+        [1, 1, 0, 1, 0, 0, 0],  # d2 <- d0
+        [1, 1, 0, 0, 1, 0, 0],  # d3 <- d0
+        [1, 0, 1, 0, 0, 1, 0],  # d4 <- d1
+        [1, 1, 0, 1, 0, 0, 1],  # d5 <- d2 <- d0
+    ], dtype=torch.bool)
+    assert torch.equal(tree_mask(PARENTS), want)
+
+
+def test_chain_mask_is_causal_and_positions_consecutive():
+    assert torch.equal(tree_mask([-1, 0, 1]), torch.tril(torch.ones(4, 4, dtype=torch.bool)))
+    assert positions([-1, 0, 1], 10).tolist() == [10, 11, 12, 13]
+
+
+def test_depths_positions_paths_children():
+    assert depths(PARENTS) == [0, 1, 1, 2, 2, 2, 3]
+    assert positions(PARENTS, 7).tolist() == [7, 8, 8, 9, 9, 9, 10]
+    assert path_to(PARENTS, 6) == [0, 1, 3, 6]
+    assert path_to(PARENTS, 5) == [0, 2, 5]
+    assert path_to(PARENTS, 0) == [0]
+    assert children(PARENTS) == [[1, 2], [3, 4], [5], [6], [], [], []]
+
+
+@pytest.mark.parametrize("bad", [[0], [-1, 1], [-2]])
+def test_bad_parents_are_refused(bad):
+    with pytest.raises(mtpspec.InputError, match="parent"):
+        tree_mask(bad)
+
+
+def test_greedy_tree_acceptance_follows_the_argmax_branch():
+    V = 10
+    tokens = torch.tensor([4, 5, 6, 7, 8, 9])  # d0..d5
+    logits = torch.zeros(7, V)
+    logits[0, 5] = 1  # root -> target wants 5: d1
+    logits[2, 8] = 1  # after d1 -> 8: d4
+    logits[5, 2] = 1  # after d4 -> 2: no child, stop
+    path, nxt = accept_greedy_tree(tokens, PARENTS, logits)
+    assert path == [0, 2, 5] and nxt == 2
+    logits[0] = 0
+    logits[0, 1] = 1  # no child of the root matches: nothing accepted
+    assert accept_greedy_tree(tokens, PARENTS, logits) == ([0], 1)
+
+
+def test_cache_keep_moves_a_tree_path_into_place():
+    t = mtpspec.Target(tiny_model("llama"))
+    c = t.new_cache(32)
+    t.forward(torch.tensor([[5, 6, 7, 8, 9, 10, 11]]), c)
+    before = c.keys.clone()
+    c.keep(2, [0, 2, 4])
+    assert c.length == 5
+    assert torch.equal(c.keys[:, :, :2], before[:, :, :2])
+    assert torch.equal(c.keys[:, :, 2:5], before[:, :, [2, 4, 6]])
+    c.keep(3, [0])
+    assert c.length == 4
+    with pytest.raises(mtpspec.InputError, match="ascend"):
+        c.keep(1, [2, 1])
+
+
+class OracleTree:
+    """A tree of `width` siblings per level along the true continuation: one sibling carries the
+    true token, at a random index, except that with probability `miss` a level has none."""
+
+    hidden_layers = (-1,)
+
+    def __init__(self, continuation: list[int], vocab: int, width: int = 2, seed: int = 0, miss: float = 0.3):
+        self.cont, self.vocab, self.width, self.miss = continuation, vocab, width, miss
+        self.rng = random.Random(seed)
+        self.rounds: list[tuple[int, int]] = []
+
+    def propose(self, inp, k, sampling, generator) -> Draft:
+        done = inp.tokens.shape[1]
+        tokens, parents, spine = [], [], -1
+        depth = 0
+        while len(tokens) < k:
+            true = self.cont[done + depth] if done + depth < len(self.cont) else 0
+            hit = self.rng.random() >= self.miss
+            slot = self.rng.randrange(self.width) if hit else -1
+            next_spine = None
+            for j in range(self.width):
+                if len(tokens) == k:
+                    break
+                tok = true if j == slot else (true + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
+                tokens.append(tok)
+                parents.append(spine)
+                if j == slot:
+                    next_spine = len(tokens) - 1
+            if next_spine is None:
+                break
+            spine, depth = next_spine, depth + 1
+        while len(tokens) < k:  # pad with leaves under the root that never match
+            tokens.append((self.cont[done] + 1) % self.vocab if done < len(self.cont) else 1)
+            parents.append(-1)
+        return Draft(tokens=torch.tensor(tokens), parents=torch.tensor(parents))
+
+    def update(self, drafted, accepted):
+        self.rounds.append((drafted, accepted))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("nodes", [3, 8])
+def test_tree_greedy_equals_hf_greedy(family, nodes):
+    model = tiny_model(family)
+    total_accepted = 0
+    for seed, length in enumerate((1, 9, 60)):
+        ids = torch.randint(4, 97, (1, length), generator=torch.Generator().manual_seed(seed))
+        ref = hf_greedy(model, ids, 40, eos=[])
+        tree = OracleTree(ref[0].tolist(), vocab=97, width=2, seed=seed)
+        out = mtpspec.generate(model, tree, ids, max_new_tokens=40, num_draft_tokens=nodes, eos_token_id=[])
+        assert torch.equal(out.sequences, ref), (family, nodes, length)
+        total_accepted += sum(a for _, a in tree.rounds)
+    assert total_accepted > 0  # the tree really got paths accepted, beyond the root
+
+
+def test_tree_with_sampling_is_refused():
+    model = tiny_model("llama")
+    ids = torch.tensor([[5, 6, 7]])
+    tree = OracleTree(list(range(200)), vocab=97)
+    with pytest.raises(mtpspec.InputError, match="tree"):
+        mtpspec.generate(model, tree, ids, max_new_tokens=10, num_draft_tokens=4, temperature=1.0, seed=0)
