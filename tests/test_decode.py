@@ -159,11 +159,11 @@ def test_bad_settings_raise_clear_error():
 
 
 def test_drafter_breaking_the_protocol_is_refused():
-    class Short:
+    class Long:
         hidden_layers = (-1,)
 
         def propose(self, inp, k, sampling, generator):
-            return mtpspec.Draft(tokens=torch.zeros(max(0, k - 1), dtype=torch.long))
+            return mtpspec.Draft(tokens=torch.zeros(k + 1, dtype=torch.long))
 
         def update(self, drafted, accepted):
             pass
@@ -175,7 +175,7 @@ def test_drafter_breaking_the_protocol_is_refused():
             return mtpspec.Draft(tokens=torch.zeros(k, dtype=torch.long))
 
     with pytest.raises(mtpspec.InputError, match="expected"):
-        mtpspec.generate(tiny_model("llama"), Short(), _prompt(4, 0), max_new_tokens=8, num_draft_tokens=3)
+        mtpspec.generate(tiny_model("llama"), Long(), _prompt(4, 0), max_new_tokens=8, num_draft_tokens=3)
     with pytest.raises(mtpspec.InputError, match="update"):
         mtpspec.generate(tiny_model("llama"), NoFeedback(), _prompt(4, 0), max_new_tokens=8, num_draft_tokens=3)
 

@@ -21,6 +21,8 @@ import torch
 from ..config import SamplingConfig
 from ..errors import InputError
 from .draft import Draft, Drafter, DraftInput
+from .drafters import TreeDrafter
+from .head import MTPHead
 from .sampling import make_generator, probs_from_logits, sample
 from .stats import DecodeStats
 from .target import KVCache, Target
@@ -138,8 +140,8 @@ def step(target: Target, drafter: Drafter | None, state: DecodeState, num_draft_
     if k > 0:
         draft = drafter.propose(DraftInput(state.tokens, state.hidden, state.cache), k, state.sampling,  # type: ignore[union-attr]
                                 state.generator)
-        if draft.tokens.shape[0] != k:  # a wrong count would make the rollback keep the wrong slots
-            raise InputError(f"{type(drafter).__name__}.propose returned {draft.tokens.shape[0]} tokens, expected {k}.")
+        if draft.tokens.shape[0] > k:  # more rows than the round may verify (and the cache may hold)
+            raise InputError(f"{type(drafter).__name__}.propose returned {draft.tokens.shape[0]} tokens, expected at most {k}.")
     else:
         draft = Draft(tokens=state.tokens.new_empty(0))
     parents = draft.parent_list()
@@ -162,12 +164,12 @@ def step(target: Target, drafter: Drafter | None, state: DecodeState, num_draft_
     accepted = [int(t) for t in rows[0, path[1:]]] + [nxt]
     n = len(path) - 1
     if drafter is not None and k > 0:
-        drafter.update(k, n)
+        drafter.update(len(parents), n)
     s = state.stats
     s.draft_s += t1 - t0
     s.verify_s += time.perf_counter() - t1
     s.target_forwards += 1
-    s.record_round(k if chain else max(depths(parents)), n)  # a tree checks one node per depth
+    s.record_round(len(parents) if chain else max(depths(parents)), n)  # a tree checks one node per depth
     return _emit(state, accepted)
 
 
@@ -184,17 +186,23 @@ def generate(
     top_p: float | None = 1.0,
     seed: int | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
+    tree: bool = False,
 ) -> GenerateOutput:
     """Decode with the target, drafting `num_draft_tokens` per round with `drafter`.
 
     Greedy (temperature 0) output equals plain decoding (`num_draft_tokens=0`) token for token,
     in every dtype, and in fp32 equals `model.generate(do_sample=False)`; sampled output is
     distributed exactly as the target's with the same settings. `on_tokens` is called with
-    each round's new token ids (for streaming). top_k / top_p None mean off, as in HF."""
+    each round's new token ids (for streaming). top_k / top_p None mean off, as in HF.
+    `tree=True` drafts a tree of `num_draft_tokens` nodes from an MTP head (greedy only)."""
     t = target if isinstance(target, Target) else Target(target)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if num_draft_tokens < 0:
         raise InputError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}.")
+    if tree:
+        if not isinstance(drafter, MTPHead):
+            raise InputError("tree=True builds a draft tree from an MTPHead; pass the head as the drafter.")
+        drafter = TreeDrafter(drafter)
     if drafter is not None and not isinstance(drafter, Drafter):
         raise InputError(f"{type(drafter).__name__} is not a Drafter: it needs `hidden_layers`, `propose()` and "
                          "`update()` (see mtpspec.core.draft.Drafter).")

@@ -202,7 +202,8 @@ class MTPHead(nn.Module):
         return sum(t.numel() * t.element_size() for t in list(self.parameters()) + list(self.buffers()))
 
     # -- the model --------------------------------------------------------------------------
-    def _rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's rotary cos/sin at (B, T) positions, in the head's dtype."""
         cos, sin = self.target.rotary_emb(like, position_ids=positions)  # (B, T, hd) each
         return cos.to(like.dtype), sin.to(like.dtype)
 
@@ -248,7 +249,7 @@ class MTPHead(nn.Module):
         out = []
         for j in range(num_steps):
             tok = F.pad(tokens[:, start + 1 + j:], (0, 1 + j))[:, :R]  # (B, R): x_{t+1+j}, zero past the end
-            cos, sin = self._rope(base + 1 + j, state)
+            cos, sin = self.rope(base + 1 + j, state)
             state = self.step(state, tok, cos, sin, keys, values, mask)
             normed = self.target.final_norm(state)
             out.append((normed, self.project(normed)))
@@ -271,7 +272,7 @@ class MTPHead(nn.Module):
         state = self.initial_state(inp.hidden.unsqueeze(1))  # (1, 1, D)
         tok = inp.tokens[:, -1:]  # (1, 1): the token at position L
         positions = torch.arange(L, L + k, device=state.device).unsqueeze(0)  # (1, K)
-        cos_all, sin_all = self._rope(positions, state)  # (1, K, hd)
+        cos_all, sin_all = self.rope(positions, state)  # (1, K, hd)
         drafted, qs = [], []
         for j in range(k):
             state = self.step(state, tok, cos_all[:, j:j + 1], sin_all[:, j:j + 1], keys, values, None)

@@ -1,0 +1,192 @@
+"""Drafting strategies beyond the head's own chain: a tree from the head, prompt lookup, and a
+hybrid of the two verified in one pass. Each is a `Drafter`; the decode loop treats them alike.
+
+Letters: R frontier rows (nodes expanded at one depth), W children per node, V' the head's
+(draft) vocabulary, N draft nodes, L committed positions.
+
+Tree (EAGLE-2's idea, Li et al. 2024): expand the head's W most likely next tokens under the
+`beam` best nodes of each depth, score every node by its cumulative draft log-probability, and
+keep the N best. A child never scores above its parent (log p <= 0), so the N best form a
+tree that contains each kept node's ancestors. All nodes of one depth sit at the same position
+and share the head's cross-attention to the target's cache, so a depth costs one batched head
+step. Greedy only: speculative sampling over siblings is not implemented (refused clearly).
+
+Prompt lookup (as HF's `prompt_lookup_num_tokens`, Saxena 2023): find the last n-gram of the
+text earlier in it and propose what followed. Strong when the answer quotes the prompt
+(summaries, extraction, rewriting), useless otherwise; the hybrid puts its branch beside the
+head's tree so each round gets the better of the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import SamplingConfig
+from ..errors import InputError
+from .draft import Draft, DraftInput
+from .head import MTPHead
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    # Children expanded under each expanded node: the head's top-W tokens.
+    width: int = 3
+    # Nodes expanded per depth (the best by cumulative draft probability).
+    beam: int = 4
+    # Deepest draft (steps from the last committed token); None = as deep as the node budget.
+    max_depth: int | None = 6
+
+    def __post_init__(self) -> None:
+        if self.width < 1 or self.beam < 1 or (self.max_depth is not None and self.max_depth < 1):
+            raise InputError(f"TreeConfig needs width, beam and max_depth >= 1, got {self}.")
+
+
+@dataclass
+class _Node:
+    token: int
+    parent: int  # index into the node list, -1 = the root
+    score: float  # cumulative draft log-probability
+
+
+def _greedy_only(sampling: SamplingConfig, what: str) -> None:
+    if not sampling.greedy:
+        raise InputError(f"{what} drafts for greedy decoding only; use the head's chain (tree=False) to sample.")
+
+
+def _as_draft(nodes: list[_Node]) -> Draft:
+    return Draft(tokens=torch.tensor([n.token for n in nodes], dtype=torch.long),
+                 parents=torch.tensor([n.parent for n in nodes], dtype=torch.long))
+
+
+class TreeDrafter:
+    """A draft tree of N nodes from an MTP head (greedy decoding)."""
+
+    def __init__(self, head: MTPHead, config: TreeConfig | None = None):
+        self.head = head
+        self.config = config or TreeConfig()
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        return self.head.hidden_layers
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """The tree's shape is fixed by its config."""
+
+    @torch.no_grad()
+    def ranked_nodes(self, inp: DraftInput, n: int) -> list[_Node]:
+        """Candidate nodes, best first; every prefix of the list holds its nodes' ancestors."""
+        head, cfg = self.head, self.config
+        keys, values = inp.cache.layer(head.kv_layer)  # (1, Hk, L, hd), the target's own
+        L = keys.shape[2]
+        depth_limit = min(n, cfg.max_depth or n)
+        nodes: list[_Node] = []
+        frontier = [-1]  # node ids to expand at this depth (-1 = the root)
+        states = head.initial_state(inp.hidden[:, None])  # (1, R, D)
+        tokens = inp.tokens[:, -1:]  # (1, R): the token each frontier node sits on
+        scores = [0.0]
+        for depth in range(depth_limit):
+            R = len(frontier)
+            cos, sin = head.rope(torch.full((1, R), L + depth, device=states.device), states)  # (1, R, hd)
+            states = head.step(states, tokens, cos, sin, keys, values, None)  # (1, R, D)
+            logp = head.logits(states)[0].float().log_softmax(-1)  # (R, V')
+            top = logp.topk(min(cfg.width, logp.shape[-1]), dim=-1)  # (R, W)
+            ids = top.indices if head.draft_ids is None else head.draft_ids[top.indices]  # (R, W) target ids
+            born = []
+            for r in range(R):
+                for j in range(top.indices.shape[1]):
+                    nodes.append(_Node(int(ids[r, j]), frontier[r], scores[r] + float(top.values[r, j])))
+                    born.append((len(nodes) - 1, r))
+            # expand the best `beam` of the new nodes at the next depth
+            best = sorted(born, key=lambda b: -nodes[b[0]].score)[: cfg.beam]
+            frontier = [b for b, _ in best]
+            rows = torch.tensor([r for _, r in best], device=states.device)
+            states = states[:, rows]
+            tokens = torch.tensor([[nodes[b].token for b in frontier]], device=states.device)
+            scores = [nodes[b].score for b in frontier]
+        # best first; a stable sort keeps a parent (created earlier, score >= child's) ahead
+        order = sorted(range(len(nodes)), key=lambda i: -nodes[i].score)
+        remap = {-1: -1}
+        ranked = []
+        for i in order:
+            if nodes[i].parent not in remap:  # an equal-score child before its parent: skip
+                continue
+            remap[i] = len(ranked)
+            ranked.append(_Node(nodes[i].token, remap[nodes[i].parent], nodes[i].score))
+        return ranked
+
+    def propose(self, inp: DraftInput, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Draft:
+        _greedy_only(sampling, "A draft tree")
+        return _as_draft(self.ranked_nodes(inp, k)[:k])
+
+
+def lookup(tokens: list[int], max_tokens: int, max_ngram: int = 3) -> list[int]:
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the text's last
+    n-gram (n = max_ngram down to 1), at most max_tokens; [] when nothing matches."""
+    T = len(tokens)
+    for n in range(min(max_ngram, T - 1), 0, -1):
+        tail = tokens[T - n:]
+        for s in range(T - n - 1, -1, -1):  # latest match first, never the tail itself
+            if tokens[s:s + n] == tail:
+                return tokens[s + n: s + n + max_tokens]
+    return []
+
+
+class LookupDrafter:
+    """Prompt-lookup drafts in mtpspec's loop (a chain of at most k tokens; no model)."""
+
+    hidden_layers = (-1,)
+
+    def __init__(self, max_ngram: int = 3):
+        self.max_ngram = max_ngram
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """Lookup has nothing to adapt."""
+
+    def propose(self, inp: DraftInput, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Draft:
+        _greedy_only(sampling, "Prompt lookup")
+        cont = lookup(inp.tokens[0].tolist(), k, self.max_ngram)
+        return Draft(tokens=torch.tensor(cont, dtype=torch.long))
+
+
+class HybridDrafter:
+    """The head's tree with a prompt-lookup branch merged in, N nodes in all, one verify pass.
+
+    The lookup branch goes in first (up to `lookup_tokens` nodes), then the head's nodes best
+    first; a node that repeats an existing (parent, token) pair is merged, not duplicated."""
+
+    def __init__(self, head: MTPHead, config: TreeConfig | None = None, lookup_tokens: int = 4, max_ngram: int = 3):
+        self.tree = TreeDrafter(head, config)
+        self.lookup_tokens = lookup_tokens
+        self.max_ngram = max_ngram
+        self.last_branch = 0  # lookup nodes in the last draft (for per-round reporting)
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        return self.tree.hidden_layers
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """The split between the two branches is fixed."""
+
+    @torch.no_grad()
+    def propose(self, inp: DraftInput, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Draft:
+        _greedy_only(sampling, "A hybrid draft tree")
+        branch = lookup(inp.tokens[0].tolist(), min(self.lookup_tokens, k), self.max_ngram)
+        nodes: list[_Node] = []
+        index: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        parent = -1
+        for tok in branch:
+            nodes.append(_Node(tok, parent, 0.0))
+            parent = index[(parent, tok)] = len(nodes) - 1
+        self.last_branch = len(nodes)
+        remap = {-1: -1}
+        for i, c in enumerate(self.tree.ranked_nodes(inp, k)):
+            if len(nodes) == k:
+                break
+            key = (remap[c.parent], c.token)
+            if key not in index:
+                nodes.append(_Node(c.token, key[0], c.score))
+                index[key] = len(nodes) - 1
+            remap[i] = index[key]
+        return _as_draft(nodes)

@@ -1,0 +1,80 @@
+"""Tree, prompt-lookup and hybrid drafters: well-formed trees, the lookup rule on hand-made
+texts, and greedy output identical to HF greedy whatever they propose."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FAMILIES, hf_greedy, tiny_model
+
+import mtpspec
+from mtpspec import DraftInput, SamplingConfig
+from mtpspec.core.drafters import HybridDrafter, LookupDrafter, TreeConfig, TreeDrafter, lookup
+
+
+def test_lookup_finds_the_latest_longest_match():
+    #            0  1  2  3  4  5  6  7  8  9
+    assert lookup([5, 6, 7, 8, 9, 5, 6, 7, 1, 5, 6, 7], 3) == [1, 5, 6]  # "5 6 7" last seen at 5
+    assert lookup([1, 2, 3, 4, 2], 2) == [3, 4]  # only the 1-gram "2" matches
+    assert lookup([1, 2, 3], 4) == []  # nothing repeats
+    assert lookup([4, 4, 4, 4], 8) == [4]  # the match may run into the tail
+
+
+def _input(model, ids):
+    t = mtpspec.Target(model)
+    cache = t.new_cache(256)
+    out = t.forward(ids[:, :-1], cache)
+    return t, DraftInput(tokens=ids, hidden=out.hidden[:, -1], cache=cache)
+
+
+def test_tree_is_well_formed_and_width_one_is_the_chain():
+    model = tiny_model("llama")
+    ids = torch.randint(4, 97, (1, 12), generator=torch.Generator().manual_seed(0))
+    t, inp = _input(model, ids)
+    head = mtpspec.MTPHead.for_target(t)
+    d = TreeDrafter(head, TreeConfig(width=3, beam=2, max_depth=4)).propose(inp, 9, SamplingConfig(), None)
+    parents = d.parent_list()
+    assert len(parents) == 9 and all(-1 <= p < i for i, p in enumerate(parents))
+    assert sum(p == -1 for p in parents) <= 3  # at most `width` children under the root
+    chain = head.propose(inp, 4, SamplingConfig(), None).tokens
+    narrow = TreeDrafter(head, TreeConfig(width=1, beam=1, max_depth=4)).propose(inp, 4, SamplingConfig(), None)
+    assert narrow.is_chain and torch.equal(narrow.tokens, chain)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tree_and_hybrid_greedy_equal_hf_greedy(family):
+    model = tiny_model(family)
+    head = mtpspec.MTPHead.for_target(model)
+    for seed, length in enumerate((3, 40)):
+        base = torch.randint(4, 97, (1, length), generator=torch.Generator().manual_seed(seed))
+        ids = torch.cat([base, base], 1)  # a repeated prompt: lookup finds matches
+        ref = hf_greedy(model, ids, 32, eos=[])
+        for drafter in (TreeDrafter(head, TreeConfig(width=2, beam=2)), HybridDrafter(head, lookup_tokens=3),
+                        LookupDrafter()):
+            out = mtpspec.generate(model, drafter, ids, max_new_tokens=32, num_draft_tokens=6, eos_token_id=[])
+            assert torch.equal(out.sequences, ref), (family, type(drafter).__name__, length)
+    out = mtpspec.generate(model, head, ids, max_new_tokens=32, num_draft_tokens=6, eos_token_id=[], tree=True)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_hybrid_merges_the_lookup_branch_into_the_tree():
+    model = tiny_model("llama")
+    base = torch.randint(4, 97, (1, 10), generator=torch.Generator().manual_seed(3))
+    ids = torch.cat([base, base[:, :4]], 1)  # the tail "b0 b1 b2 b3" occurred at the start
+    t, inp = _input(model, ids)
+    hyb = HybridDrafter(mtpspec.MTPHead.for_target(t), lookup_tokens=3)
+    d = hyb.propose(inp, 8, SamplingConfig(), None)
+    assert hyb.last_branch == 3 and d.tokens[:3].tolist() == base[0, 4:7].tolist()
+    assert d.parent_list()[:3] == [-1, 0, 1]
+    pairs = list(zip(d.parent_list(), d.tokens.tolist()))
+    assert len(pairs) == len(set(pairs)) == 8  # no (parent, token) twice
+
+
+def test_trees_refuse_sampling_and_tree_needs_a_head():
+    model = tiny_model("llama")
+    ids = torch.tensor([[5, 6, 7, 5, 6]])
+    head = mtpspec.MTPHead.for_target(model)
+    with pytest.raises(mtpspec.InputError, match="greedy"):
+        mtpspec.generate(model, head, ids, max_new_tokens=8, num_draft_tokens=4, tree=True, temperature=1.0, seed=0)
+    with pytest.raises(mtpspec.InputError, match="MTPHead"):
+        mtpspec.generate(model, LookupDrafter(), ids, max_new_tokens=8, num_draft_tokens=4, tree=True)
