@@ -25,7 +25,8 @@ PROMPTS = [
     {"question_id": 3, "category": "code", "turns": ["w30 w31 w30 w31 w30"]},
     {"question_id": 4, "category": "code", "turns": ["w40"]},
 ]
-ALL_METHODS = ["hf", "k0", "mtp", "assisted", "lookup", "mtp_k1", "mtp_k2"]
+ALL_METHODS = ["hf", "k0", "mtp", "mtp-tree", "hybrid", "assisted", "lookup", "mtp_k1", "mtp_k2"]
+MTPSPEC_METHODS = ["k0", "mtp", "mtp-tree", "hybrid", "mtp_k1", "mtp_k2"]
 
 
 def write_prompts(path, prompts=PROMPTS):
@@ -44,7 +45,7 @@ def bench_run(tmp_path_factory):
     r = runner.invoke(app, ["bench", "--target", str(tmp / "model"), "--head", str(tmp / "head"),
                             "--draft-model", str(tmp / "draft_model"), "--prompts", str(write_prompts(tmp / "p.jsonl")),
                             "--max-new-tokens", "8", "--reps", "1", "--warmup", "1", "-k", "3", "--sweep", "1,2",
-                            "--threads", "1", "--no-progress", "--out", str(out)])
+                            "--threads", "1", "--no-progress", "--dtype", "fp32", "--tree-nodes", "5", "--out", str(out)])
     assert r.exit_code == 0, r.output
     return out, json.loads((out / "results.json").read_text()), dm
 
@@ -67,6 +68,27 @@ def test_every_method_is_identical_to_hf(bench_run):
         assert overall[m]["identical"] == overall[m]["prompts"] == 4, m
     assert all(r["identical"] and r["first_diff"] is None for r in res["records"])
     assert len(res["records"]) == 4 * len(ALL_METHODS)
+    for m in MTPSPEC_METHODS:
+        assert overall[m]["identical_k0"] == 4, m
+
+
+def test_bf16_bench_is_exact_against_k0_and_prints_the_verify_cost(tmp_path):
+    """In bf16 HF's methods (run in fp32 by default) may differ; mtpspec's never differ from k0."""
+    model, _ = save_tiny_model_dir(tmp_path / "model")
+    MTPHead.for_target(model).save_pretrained(tmp_path / "head")
+    out = tmp_path / "report"
+    r = runner.invoke(app, ["bench", "--target", str(tmp_path / "model"), "--head", str(tmp_path / "head"),
+                            "--prompts", str(write_prompts(tmp_path / "p.jsonl")), "--methods", "hf,k0,mtp,mtp-tree,hybrid",
+                            "--max-new-tokens", "12", "-k", "3", "--dtype", "bf16", "--threads", "1", "--no-progress",
+                            "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["info"]["dtype"] == "bfloat16" and res["info"]["hf_dtype"] == "float32"
+    overall = {s["method"]: s for s in res["summaries"] if s["category"] == "all"}
+    for m in ("mtp", "mtp-tree", "hybrid"):
+        assert overall[m]["identical_k0"] == 4, m
+        assert overall[m]["ms_per_forward"] > 0
+    assert "verify forward cost in this run" in r.output and "mtp-tree" in r.output
 
 
 def test_forward_counts_and_acceptance(bench_run):
@@ -80,7 +102,8 @@ def test_forward_counts_and_acceptance(bench_run):
         assert overall[m]["forwards_per_token"] <= 1.0 and overall[m]["mean_accepted"] >= 1.0
     assert len(overall["mtp"]["position_acceptance"]) == 3 and len(overall["mtp_k2"]["position_acceptance"]) == 2
     assert overall["hf"]["position_acceptance"] is None
-    assert res["method_k"] == {"hf": None, "k0": 0, "mtp": 3, "assisted": None, "lookup": None, "mtp_k1": 1, "mtp_k2": 2}
+    assert res["method_k"] == {"hf": None, "k0": 0, "mtp": 3, "mtp-tree": 5, "hybrid": 5, "assisted": None,
+                               "lookup": None, "mtp_k1": 1, "mtp_k2": 2}
     by_category = [s for s in res["summaries"] if s["method"] == "mtp" and s["category"] != "all"]
     assert sum(s["new_tokens"] for s in by_category) == overall["mtp"]["new_tokens"]
 

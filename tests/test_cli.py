@@ -91,7 +91,8 @@ def test_costs_picks_k_from_acceptance_and_saves_it_in_the_head(model_dir, tmp_p
     rates = [{"k": 3, "temperature": 0.0, "category": "all", "position_acceptance": [0.99, 0.99, 0.99]},
              {"k": 3, "temperature": 0.0, "category": "qa", "position_acceptance": [0.0, 0.0, 0.0]}]
     (tmp_path / "acc.json").write_text(json.dumps(rates))
-    base = ["costs", "--target", str(d), "--head", str(tmp_path / "head"), "--max-n", "4", "--context", "8", "--reps", "2"]
+    base = ["costs", "--target", str(d), "--head", str(tmp_path / "head"), "--max-n", "4", "--context", "8", "--reps", "2",
+            "--dtype", "fp32"]
     r = runner.invoke(app, base + ["--acceptance", str(tmp_path / "acc.json"), "--save-k", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout.strip().splitlines()[-1])

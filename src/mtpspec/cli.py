@@ -22,7 +22,7 @@ N = TypeVar("N", int, float)
 # Options several commands share, declared once so that they read (and default) alike.
 TARGET = typer.Option(None, "--target", "-t", help="Local model dir or .gguf file [default: embedded SmolLM2-135M-Instruct].")
 HEAD = typer.Option(None, "--head", help="Saved head directory [default: the shipped head for the target, else a fresh one].")
-DTYPE = typer.Option("fp32", "--dtype", help="fp32 or bf16.")
+DTYPE = typer.Option("auto", "--dtype", help="auto (bf16 where the CPU has native bf16, else fp32), fp32 or bf16.")
 THREADS = typer.Option(0, "--threads", help="torch threads (0 = torch default).")
 PROMPTS = typer.Option(None, "--prompts", help="Spec-Bench style .jsonl [default: the built-in on-device set].")
 LIMIT = typer.Option(None, "--limit", help="Run an evenly spread subset of N prompts.")
@@ -319,7 +319,12 @@ def bench(
     num_draft_tokens: int = typer.Option(None, "--num-draft-tokens", "-k",
                                          help="Drafts per round for `mtp` [default: the head's tuned k]."),
     sweep: str = typer.Option(None, "--sweep", help="Comma-separated k values; adds one method mtp_k<k> per value."),
-    methods: str = typer.Option("hf,k0,mtp,assisted,lookup", "--methods", help="Comma-separated methods to run."),
+    methods: str = typer.Option("hf,k0,mtp,mtp-tree,hybrid,assisted,lookup", "--methods",
+                                help="Comma-separated: hf, k0, mtp, mtp-tree, hybrid, assisted, lookup."),
+    hf_dtype: str = typer.Option("fp32", "--hf-dtype", help="dtype of HF's own methods (hf, lookup, assisted): "
+                                 "fp32 is what HF loads by default; 'same' = --dtype."),
+    tree_nodes: int = typer.Option(10, "--tree-nodes", help="Draft nodes per round for mtp-tree and hybrid."),
+    hybrid_lookup: int = typer.Option(4, "--hybrid-lookup", help="Prompt-lookup nodes in each hybrid tree."),
     reps: int = typer.Option(1, "--reps", help="Timed repetitions of every prompt."),
     warmup: int = typer.Option(1, "--warmup", help="Prompts every method runs untimed before timing."),
     lookup_tokens: int = typer.Option(10, "--lookup-tokens", help="prompt_lookup_num_tokens for `lookup`."),
@@ -331,6 +336,7 @@ def bench(
     import datetime
 
     from .measure.bench import FRESH_HEAD_NOTE, BenchConfig, build_methods, environment_info, load_draft_model, run_bench
+    from .measure.report import summary_line, verify_cost_line
     from .measure.report import write_report
     from .models import chat_ids, resolve_dtype
     from .pretrained import resolve_head
@@ -339,26 +345,35 @@ def bench(
     set_threads(threads)
     cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()), num_draft_tokens=num_draft_tokens,
                       sweep=tuple(parse_list(sweep, int, "--sweep")) if sweep else (), max_new_tokens=max_new_tokens,
-                      reps=reps, warmup=warmup, lookup_tokens=lookup_tokens)
+                      reps=reps, warmup=warmup, lookup_tokens=lookup_tokens, tree_nodes=tree_nodes,
+                      hybrid_lookup=hybrid_lookup)
     plist = load_prompts(prompts, limit)  # fail on a bad prompts file before loading any model
     now = datetime.datetime.now()
     out = out or Path("reports") / f"bench-{now:%Y%m%d-%H%M%S}"
 
     loaded, tgt = open_target(target, dtype)
+    hf_torch_dtype = tgt.dtype if hf_dtype == "same" else resolve_dtype(hf_dtype)
+    hf_model = None
+    if hf_torch_dtype != tgt.dtype and any(m in cfg.methods for m in ("hf", "lookup", "assisted")):
+        hf_model = open_target(target, hf_torch_dtype)[0].model
     choice = resolve_head(tgt, loaded.name, head, warn=_warn) if cfg.needs_head else None
-    assistant = load_draft_model(draft_model, resolve_dtype(dtype)) if draft_model and "assisted" in cfg.methods else None
-    method_list, notes = build_methods(cfg, loaded.model, choice.head if choice else None, assistant)
+    assistant = load_draft_model(draft_model, hf_torch_dtype) if draft_model and "assisted" in cfg.methods else None
+    method_list, notes = build_methods(cfg, loaded.model, choice.head if choice else None, assistant, hf_model)
     if choice and choice.directory is None:
         notes.insert(0, FRESH_HEAD_NOTE)
-    info = environment_info(cfg, loaded.name, dtype, prompts, choice.source if choice else "-", assistant, draft_model, now)
+    dt_name = str(tgt.dtype).removeprefix("torch.")
+    info = environment_info(cfg, loaded.name, dt_name, prompts, choice.source if choice else "-", assistant, draft_model, now)
+    info["hf_dtype"] = str(hf_torch_dtype).removeprefix("torch.")
+    info["kernels"] = str(tgt.plan)
     inputs = [chat_ids(loaded.tokenizer, p.text) for p in plist]
     result = run_bench(cfg, method_list, plist, inputs, info, notes, progress)
     write_report(result, out)
+    typer.echo(f"mtpspec in {dt_name}, HF's methods in {info['hf_dtype']}, {info['threads']} threads")
     for m in result.methods:
-        s = result.summary(m)
-        same = "-" if s.identical is None else f"{s.identical}/{s.prompts}"
-        xhf = f"{s.speedup_vs_hf:.2f}x hf" if s.speedup_vs_hf is not None else ""
-        typer.echo(f"{m:>10}  {s.tokens_per_s:8.1f} tok/s  {xhf:>9}  identical to hf {same}")
+        typer.echo(summary_line(result, m))
+    cost = verify_cost_line(result)
+    if cost:
+        typer.echo(cost)
     for n in result.notes:
         typer.echo(f"note: {n}")
     typer.echo(f"report written to {out}/results.md")

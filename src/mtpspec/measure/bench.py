@@ -32,11 +32,13 @@ from tqdm.auto import tqdm
 
 from ..core.decode import generate as mtp_generate
 from ..core.stats import DecodeStats
+from ..core.drafters import HybridDrafter, TreeDrafter
 from ..core.target import Target
 from ..errors import InputError
 from ..prompts import Prompt
 
-METHODS = ("hf", "k0", "mtp", "assisted", "lookup")
+METHODS = ("hf", "k0", "mtp", "mtp-tree", "hybrid", "assisted", "lookup")
+HEAD_METHODS = ("mtp", "mtp-tree", "hybrid")
 ALL = "all"  # the category name of the overall summary
 FRESH_HEAD_NOTE = ("mtp: no trained head for this target, so a freshly initialised head was used; its acceptance is "
                    "near zero. Pass --head DIR.")
@@ -58,6 +60,10 @@ class BenchConfig:
     warmup: int = 1
     # Draft length of prompt lookup decoding (HF `prompt_lookup_num_tokens`).
     lookup_tokens: int = 10
+    # Draft nodes per round for `mtp-tree` and `hybrid` (a tree from the head).
+    tree_nodes: int = 10
+    # Nodes of the prompt-lookup branch that `hybrid` puts beside the head's tree.
+    hybrid_lookup: int = 4
     # Context lengths at which the drafter-owned memory is reported.
     contexts: tuple[int, ...] = (512, 2048, 8192)
 
@@ -76,10 +82,13 @@ class BenchConfig:
             raise InputError(f"--sweep values must be >= 1, got {list(self.sweep)}.")
         if self.max_new_tokens < 1 or self.reps < 1 or self.warmup < 0 or self.lookup_tokens < 1:
             raise InputError("max_new_tokens, reps and lookup_tokens must be >= 1, warmup >= 0.")
+        if self.tree_nodes < 1 or not 0 <= self.hybrid_lookup <= self.tree_nodes:
+            raise InputError(f"--tree-nodes must be >= 1 and --hybrid-lookup in 0..tree-nodes, got "
+                             f"{self.tree_nodes} and {self.hybrid_lookup}.")
 
     @property
     def needs_head(self) -> bool:
-        return "mtp" in self.methods or bool(self.sweep)
+        return any(m in self.methods for m in HEAD_METHODS) or bool(self.sweep)
 
 
 # -- methods ----------------------------------------------------------------------------------
@@ -151,8 +160,10 @@ def hf_method(name: str, model: Any, max_new_tokens: int, **generate_kw: Any) ->
     return Method(name, run)
 
 
-def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens: int) -> Method:
-    """mtpspec's loop drafting k tokens per round with `head` (k=0 or head=None: no drafts)."""
+def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens: int, drafter: Any = None) -> Method:
+    """mtpspec's loop drafting k tokens per round with `head` (k=0 or head=None: no drafts), or
+    with another drafter built on it (a tree, a hybrid)."""
+    drafter = drafter if drafter is not None else head
 
     def run(ids: torch.Tensor) -> RunOutput:
         first: list[float] = []
@@ -162,7 +173,7 @@ def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens:
                 first.append(time.perf_counter())
 
         t0 = time.perf_counter()
-        out = mtp_generate(target, head, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k, on_tokens=on_tokens)
+        out = mtp_generate(target, drafter, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k, on_tokens=on_tokens)
         seconds = time.perf_counter() - t0
         return RunOutput(out.sequences[0, ids.shape[1]:].tolist(), seconds, first[0] - t0 if first else None,
                          out.stats.target_forwards, out.stats)
@@ -198,9 +209,13 @@ def load_draft_model(path: str | Path, dtype: torch.dtype) -> Any:
         raise InputError(f"Could not load the draft model from {p}: {e}") from e
 
 
-def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: Any = None) -> tuple[list[Method], list[str]]:
-    """The methods `cfg` asks for, plus notes on any that had to be skipped."""
-    target = Target(model)
+def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: Any = None,
+                  hf_model: Any = None) -> tuple[list[Method], list[str]]:
+    """The methods `cfg` asks for, plus notes on any that had to be skipped. mtpspec's methods
+    run `model`; HF's own (hf, lookup, assisted) run `hf_model` if given (e.g. fp32, HF's
+    default, beside a bf16 `model`), else `model`."""
+    target = head.target if head is not None else Target(model)
+    hf_model = hf_model if hf_model is not None else model
     notes: list[str] = []
     if cfg.needs_head and head is None:
         raise InputError("The mtp methods need an MTP head: pass one, or leave mtp out of --methods and --sweep.")
@@ -208,13 +223,18 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
     methods = []
     for name in cfg.methods:
         if name == "hf":
-            methods.append(hf_method("hf", model, cfg.max_new_tokens))
+            methods.append(hf_method("hf", hf_model, cfg.max_new_tokens))
         elif name == "k0":
             methods.append(mtpspec_method("k0", target, None, 0, cfg.max_new_tokens))
         elif name == "mtp":
             methods.append(mtpspec_method("mtp", target, head, k, cfg.max_new_tokens))
+        elif name == "mtp-tree":
+            methods.append(mtpspec_method("mtp-tree", target, head, cfg.tree_nodes, cfg.max_new_tokens, TreeDrafter(head)))
+        elif name == "hybrid":
+            hybrid = HybridDrafter(head, lookup_tokens=cfg.hybrid_lookup)
+            methods.append(mtpspec_method("hybrid", target, head, cfg.tree_nodes, cfg.max_new_tokens, hybrid))
         elif name == "lookup":
-            methods.append(hf_method("lookup", model, cfg.max_new_tokens, prompt_lookup_num_tokens=cfg.lookup_tokens))
+            methods.append(hf_method("lookup", hf_model, cfg.max_new_tokens, prompt_lookup_num_tokens=cfg.lookup_tokens))
         elif name == "assisted":
             if draft_model is None:
                 notes.append("assisted: skipped, no draft model given (pass --draft-model DIR, a model saved "
@@ -223,7 +243,7 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
             if draft_model.config.vocab_size != target.vocab_size:
                 raise InputError(f"The draft model's vocabulary ({draft_model.config.vocab_size}) differs from the "
                                  f"target's ({target.vocab_size}); assisted generation needs a shared tokenizer.")
-            m = hf_method("assisted", model, cfg.max_new_tokens, assistant_model=draft_model)
+            m = hf_method("assisted", hf_model, cfg.max_new_tokens, assistant_model=draft_model.to(hf_model.dtype))
             methods.append(Method(m.name, m.run, draft_model_memory(draft_model)))
     for kk in cfg.sweep:
         methods.append(mtpspec_method(f"mtp_k{kk}", target, head, kk, cfg.max_new_tokens))
@@ -266,6 +286,7 @@ class Record:
     stats: DecodeStats | None  # mtpspec's own loop only: acceptance histogram, per-position counts
     identical: bool | None = None  # output equals hf's (first rep) token for token; None: hf not run
     first_diff: int | None = None  # index of the first token that differs from hf's output
+    identical_k0: bool | None = None  # output equals mtpspec's plain decoding (k0), the exactness guarantee
     tokens: list[int] = field(default_factory=list, repr=False)
 
 
@@ -286,6 +307,9 @@ class Summary:
     ttft_s: float | None  # mean time to first token
     identical: int | None  # prompts whose output equals hf's in every rep (None: hf not run)
     position_acceptance: list[float] | None  # rate at which draft position i was accepted
+    identical_k0: int | None = None  # prompts whose output equals k0's in every rep (None: k0 not run)
+    ms_per_forward: float | None = None  # mtpspec's loop: mean wall time of one target forward that verifies (drafting excluded)
+    ms_per_draft: float | None = None  # mtpspec's loop: mean drafting time per round
 
 
 @dataclass
@@ -300,7 +324,7 @@ class BenchResult:
     method_k: dict[str, int | None]
     notes: list[str]
     peak_rss_bytes: int
-    best_k: int | None  # the k of the fastest MTP method overall
+    best_k: int | None  # the k of the fastest MTP chain method overall
 
     def summary(self, method: str, category: str = ALL) -> Summary:
         return next(s for s in self.summaries if s.method == method and s.category == category)
@@ -327,7 +351,7 @@ def _record_dict(r: Record) -> dict[str, Any]:
     """One record for results.json: its stats as `DecodeStats.to_dict` writes them (mean accepted,
     acceptance histogram, per-position rates), its tokens left out."""
     d = {f: getattr(r, f) for f in ("method", "question_id", "category", "rep", "new_tokens", "seconds", "ttft",
-                                    "target_forwards", "identical", "first_diff")}
+                                    "target_forwards", "identical", "first_diff", "identical_k0")}
     d["stats"] = r.stats.to_dict() if r.stats is not None else None
     return d
 
@@ -393,7 +417,8 @@ def run_bench(cfg: BenchConfig, methods: Sequence[Method], prompts: Sequence[Pro
     summaries = [summarize(records, name, cat) for cat in [ALL, *categories] for name in names]
     _add_speedups(summaries)
     method_k = {m.name: m.k for m in methods}
-    timed = [(s.tokens_per_s, method_k[s.method]) for s in summaries if s.category == ALL and method_k[s.method]]
+    chains = [n for n in names if n == "mtp" or n.startswith("mtp_k")]  # trees count nodes, not a draft length
+    timed = [(s.tokens_per_s, method_k[s.method]) for s in summaries if s.category == ALL and s.method in chains]
     return BenchResult(config=cfg, info=dict(info or {}), methods=names, categories=categories, records=records,
                        summaries=summaries, memory={m.name: m.memory for m in methods}, method_k=method_k,
                        notes=list(notes), peak_rss_bytes=peak_rss_bytes(),
@@ -401,9 +426,12 @@ def run_bench(cfg: BenchConfig, methods: Sequence[Method], prompts: Sequence[Pro
 
 
 def _compare_to_hf(records: list[Record]) -> None:
-    """Compare every record's tokens with hf's first-rep output for the same prompt."""
+    """Compare every record's tokens with hf's and with k0's first-rep output for the same prompt."""
     ref = {r.question_id: r.tokens for r in records if r.method == "hf" and r.rep == 0}
+    plain = {r.question_id: r.tokens for r in records if r.method == "k0" and r.rep == 0}
     for r in records:
+        if r.question_id in plain:
+            r.identical_k0 = r.tokens == plain[r.question_id]
         if r.question_id not in ref:
             continue
         a, b = r.tokens, ref[r.question_id]
@@ -418,21 +446,29 @@ def summarize(records: Sequence[Record], method: str, category: str = ALL) -> Su
     seconds = sum(r.seconds for r in rs)
     forwards = sum(r.target_forwards for r in rs)
     ttfts = [r.ttft for r in rs if r.ttft is not None]
+    ms_forward = ms_draft = None
     if rs and all(r.stats is not None for r in rs):  # mtpspec's loop: prefill excluded, from DecodeStats
         merged = DecodeStats.merge(r.stats for r in rs if r.stats is not None)
         mean_accepted: float | None = merged.mean_accepted
         positions = merged.position_acceptance or None
+        if merged.rounds:
+            ms_forward = 1e3 * merged.verify_s / merged.rounds
+            ms_draft = 1e3 * merged.draft_s / merged.rounds
     else:  # HF: every target forward verifies drafts (assisted/lookup verify with the prompt too)
         mean_accepted, positions = (tokens / forwards if forwards else None), None
     compared = [r for r in rs if r.identical is not None]
     qids = {r.question_id for r in compared}
     identical = sum(all(r.identical for r in compared if r.question_id == q) for q in qids) if compared else None
+    vs_k0 = [r for r in rs if r.identical_k0 is not None]
+    k0_qids = {r.question_id for r in vs_k0}
+    identical_k0 = sum(all(r.identical_k0 for r in vs_k0 if r.question_id == q) for q in k0_qids) if vs_k0 else None
     return Summary(method=method, category=category, prompts=len({r.question_id for r in rs}), new_tokens=tokens,
                    seconds=seconds, tokens_per_s=tokens / seconds if seconds else 0.0, speedup_vs_hf=None,
                    speedup_vs_k0=None, mean_accepted=mean_accepted,
                    forwards_per_token=forwards / tokens if tokens else 0.0,
                    ttft_s=sum(ttfts) / len(ttfts) if ttfts else None, identical=identical,
-                   position_acceptance=positions)
+                   position_acceptance=positions, identical_k0=identical_k0, ms_per_forward=ms_forward,
+                   ms_per_draft=ms_draft)
 
 
 def _add_speedups(summaries: list[Summary]) -> None:

@@ -58,16 +58,21 @@ def markdown(result: BenchResult) -> str:
     lines += ["", "## Overall", "",
               "tok/s = total new tokens / total wall time; speed-ups are ratios of tok/s from this run. "
               "accepted/fwd: tokens per target forward that verifies drafts. fwd/token: all target forwards "
-              "(prefill included) per new token. TTFT includes any draft model prefill. Memory: what the drafter "
+              "(prefill included) per new token. ms/verify fwd: mean wall time of one target forward in mtpspec's loop "
+              "(k0: one token; a drafting method: k + 1 tokens or tree nodes), so their ratio is this run's verify "
+              "cost. identical to k0: the exactness guarantee (same dtype, same library). TTFT includes any draft model prefill. Memory: what the drafter "
               "owns beside the target (weights + its own KV cache) at each context length.", ""]
-    header = ["method", "k", "tok/s", "x hf", "x k0", "accepted/fwd", "fwd/token", "TTFT ms", "identical to hf"]
+    header = ["method", "k", "tok/s", "x hf", "x k0", "accepted/fwd", "fwd/token", "ms/verify fwd", "ms drafting/round",
+              "TTFT ms", "identical to hf", "identical to k0"]
     header += [f"drafter mem @{c}" for c in ctx]
     rows = []
     for m in result.methods:
         s = result.summary(m)
         rows.append([m, _f(result.method_k[m], "d"), _f(s.tokens_per_s, ".1f"), _f(s.speedup_vs_hf, ".2f", "x"),
                      _f(s.speedup_vs_k0, ".2f", "x"), _f(s.mean_accepted), _f(s.forwards_per_token, ".3f"),
-                     _f(s.ttft_s * 1e3 if s.ttft_s is not None else None, ".1f"), _identical(s)]
+                     _f(s.ms_per_forward, ".1f"), _f(s.ms_per_draft, ".2f"),
+                     _f(s.ttft_s * 1e3 if s.ttft_s is not None else None, ".1f"), _identical(s),
+                     "-" if s.identical_k0 is None else f"{s.identical_k0}/{s.prompts}"]
                     + [_mib(result.memory[m].at(c)) for c in ctx])
     lines += _table(header, rows)
 
@@ -92,6 +97,33 @@ def markdown(result: BenchResult) -> str:
     lines += ["", f"![speed-up]({SPEEDUP_PNG})", "", f"![acceptance]({ACCEPTANCE_PNG})", "",
               f"![memory]({MEMORY_PNG})", ""]
     return "\n".join(lines)
+
+
+def summary_line(result: BenchResult, method: str) -> str:
+    """One console line for a method: speed, speed-ups, acceptance and exactness."""
+    s = result.summary(method)
+    parts = [f"{method:>9}  {s.tokens_per_s:6.1f} tok/s"]
+    parts.append(f"{s.speedup_vs_hf:5.2f}x hf" if s.speedup_vs_hf is not None else " " * 8)
+    parts.append(f"{s.speedup_vs_k0:5.2f}x k0" if s.speedup_vs_k0 is not None else " " * 8)
+    if s.mean_accepted is not None:
+        parts.append(f"{s.mean_accepted:4.2f} tok/fwd")
+    if s.identical is not None:
+        parts.append(f"identical to hf {s.identical}/{s.prompts}")
+    if s.identical_k0 is not None:
+        parts.append(f"to k0 {s.identical_k0}/{s.prompts}")
+    return "  ".join(parts)
+
+
+def verify_cost_line(result: BenchResult) -> str | None:
+    """This run's cost of a verify forward over k + 1 tokens (or tree nodes) relative to k0's
+    one-token forward, for each drafting method: what the speed-up had to pay for."""
+    if "k0" not in result.methods or result.summary("k0").ms_per_forward is None:
+        return None
+    one = result.summary("k0").ms_per_forward
+    costs = [f"{m} {result.summary(m).ms_per_forward / one:.2f}x" for m in result.methods
+             if m != "k0" and result.summary(m).ms_per_forward is not None]
+    return (f"verify forward cost in this run, relative to k0's one-token forward ({one:.1f} ms): " + ", ".join(costs)
+            if costs else None)
 
 
 def _identical(s: Summary) -> str:
