@@ -418,3 +418,39 @@ def acceptance(
 
 def main() -> None:  # pragma: no cover
     app()
+
+
+@app.command()
+@user_errors
+def serve(
+    port: int = typer.Option(8000, "--port", help="TCP port to listen on."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind: loopback by default; 0.0.0.0 exposes the "
+                             "server to the network (no authentication)."),
+    target: str = TARGET,
+    head: Path = HEAD,
+    dtype: str = DTYPE,
+    num_draft_tokens: int = typer.Option(None, "--num-draft-tokens", "-k",
+                                         help="Drafts per round [default: the head's tuned k]; 0 = plain decoding."),
+    max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait behind the one being decoded; "
+                                  "one more gets 429."),
+    max_tokens_limit: int = typer.Option(1024, "--max-tokens-limit", help="Most new tokens one request may ask for."),
+    default_max_tokens: int = typer.Option(128, "--default-max-tokens", help="New tokens when a request names no max_tokens."),
+    threads: int = THREADS,
+) -> None:
+    """Serve the target with its head over HTTP: OpenAI-compatible /v1/chat/completions and /v1/completions
+    (streaming included), /health, /metrics, and a playground at /."""
+    try:
+        import uvicorn
+
+        from .serve.app import create_app
+    except ImportError as e:
+        raise MtpspecError(f"`mtpspec serve` needs the serve extra ({e.name} is missing): pip install 'mtpspec[serve]'") from None
+    from .serve import load_engine
+
+    set_threads(threads)
+    engine = load_engine(target, head, dtype, num_draft_tokens, warn=_warn, max_queue=max_queue,
+                         max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens)
+    try:
+        uvicorn.run(create_app(engine), host=host, port=port)
+    finally:
+        engine.close()

@@ -19,3 +19,7 @@ class InputError(MtpspecError):
 
 class DataError(MtpspecError):
     """A missing, empty or unreadable data or prompt file."""
+
+
+class BusyError(MtpspecError):
+    """The server's queue is full: the request was not accepted; retry later."""
