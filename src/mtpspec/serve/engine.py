@@ -14,6 +14,7 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -327,7 +328,7 @@ def render_metrics(engine: Engine) -> str:
     return "\n".join(lines) + "\n"
 
 
-def load_engine(target: str | None = None, head: str | None = None, dtype: str = "auto",
+def load_engine(target: str | None = None, head: str | Path | None = None, dtype: str = "auto",
                 num_draft_tokens: int | None = None, warn: Any = None, **config: Any) -> Engine:
     """The model, its head and tokenizer, loaded as `mtpspec generate` loads them, in an Engine.
     `num_draft_tokens` None: the head's tuned k. `config`: further ServeConfig fields."""
