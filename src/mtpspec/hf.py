@@ -59,7 +59,8 @@ def custom_generate(head: MTPHead, num_draft_tokens: int | None = None, streamer
         seed = int(torch.randint(0, 2**62, (1,))) if gc.do_sample else None
         if streamer is not None:
             streamer.put(input_ids.cpu())
-        out = generate(head.target, head, input_ids,  # type: ignore[arg-type]  # an MTPHead is a Drafter max_new_tokens=gc.max_length - input_ids.shape[1],
+        drafter: Any = head  # an MTPHead is a Drafter (mypy reads its hidden_layers property as read-only)
+        out = generate(head.target, drafter, input_ids, max_new_tokens=gc.max_length - input_ids.shape[1],
                        num_draft_tokens=k, eos_token_id=gc.eos_token_id if gc.eos_token_id is not None else [],
                        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=seed,
                        on_tokens=(lambda new: streamer.put(torch.tensor(new))) if streamer is not None else None)
