@@ -148,3 +148,40 @@ def test_tree_with_sampling_is_refused():
     tree = OracleTree(list(range(200)), vocab=97)
     with pytest.raises(mtpspec.InputError, match="tree"):
         mtpspec.generate(model, tree, ids, max_new_tokens=10, num_draft_tokens=4, temperature=1.0, seed=0)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_bf16_tree_equals_plain_decoding(family):
+    """A tree row attends its own gathered copy of the cache, laid out as plain decoding would
+    see it, so in bf16 too the tree's output is plain decoding's, token for token."""
+    model = tiny_model(family).to(torch.bfloat16)
+    for seed, length in enumerate((2, 30, 120)):
+        ids = torch.randint(4, 97, (1, length), generator=torch.Generator().manual_seed(seed))
+        plain = mtpspec.generate(model, None, ids, max_new_tokens=40, num_draft_tokens=0, eos_token_id=[])
+        tree = OracleTree(plain.sequences[0].tolist(), vocab=97, width=3, seed=seed, miss=0.2)
+        out = mtpspec.generate(model, tree, ids, max_new_tokens=40, num_draft_tokens=9, eos_token_id=[])
+        assert torch.equal(out.sequences, plain.sequences), (family, length)
+        assert sum(a for _, a in tree.rounds) > 10
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tree_verify_rows_are_bitwise_plain_decoding(dtype):
+    """The logits of every tree node equal, bit for bit, the logits of decoding its path one
+    token at a time (the property behind exact tree verification in any dtype)."""
+    model = tiny_model("llama", hidden_size=64, intermediate_size=128, initializer_range=0.1).to(dtype)
+    t = mtpspec.Target(model)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(4, 97, (1, 37), generator=g)
+    tokens = torch.randint(4, 97, (len(PARENTS),), generator=g)
+    cache = t.new_cache(128)
+    t.forward(prompt[:, :-1], cache)
+    L = cache.length
+    rows = torch.cat([prompt[:, -1:], tokens[None]], 1)
+    tree = t.forward(rows, cache, positions=positions(PARENTS, L), tree_mask=tree_mask(PARENTS)).logits[0]
+    for node in range(len(PARENTS) + 1):
+        path = path_to(PARENTS, node)
+        plain = t.new_cache(128)
+        t.forward(prompt[:, :-1], plain)
+        for r in path:
+            logits = t.forward(rows[:, r:r + 1], plain).logits[0, 0]
+        assert torch.equal(logits, tree[node]), (dtype, node)

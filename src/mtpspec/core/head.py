@@ -41,7 +41,14 @@ FORMAT_VERSION = 1
 def _read_meta(d: Path) -> dict[str, Any]:
     if not (d / CONFIG_NAME).is_file() or not (d / WEIGHTS_NAME).is_file():
         raise InputError(f"{d} is not a saved mtpspec head: expected {CONFIG_NAME} and {WEIGHTS_NAME} in it.")
-    return json.loads((d / CONFIG_NAME).read_text())
+    try:
+        meta = json.loads((d / CONFIG_NAME).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{d / CONFIG_NAME} is damaged ({e}); save the head again.") from None
+    missing = [k for k in ("head_config", "target") if k not in meta]
+    if missing:
+        raise InputError(f"{d / CONFIG_NAME} lacks {', '.join(missing)}; it was not written by save_pretrained.")
+    return meta
 
 
 def saved_head_config(directory: str | Path) -> HeadConfig:
@@ -185,9 +192,15 @@ class MTPHead(nn.Module):
         meta = _read_meta(d)
         t = target if isinstance(target, Target) else Target(target)
         check_identity(TargetIdentity(**meta["target"]), t.identity(), d)
-        state = load_file(str(d / WEIGHTS_NAME))
-        head = cls(t, HeadConfig.from_dict(meta["head_config"]), state.get("draft_ids"))
-        head.load_state_dict(state)
+        try:
+            state = load_file(str(d / WEIGHTS_NAME))
+        except Exception as e:  # safetensors raises its own SafetensorError for a damaged file
+            raise InputError(f"{d / WEIGHTS_NAME} is damaged or truncated ({e}); copy or save the head again.") from None
+        try:
+            head = cls(t, HeadConfig.from_dict(meta["head_config"]), state.get("draft_ids"))
+            head.load_state_dict(state)
+        except (RuntimeError, TypeError) as e:
+            raise InputError(f"{d / WEIGHTS_NAME} does not match {d / CONFIG_NAME}: {str(e).splitlines()[0]}") from None
         head.recommended_k = meta.get("recommended_k")
         return head.to(dtype=t.dtype)
 

@@ -16,9 +16,11 @@ CPU, torch version and dtype (`~/.cache/mtpspec/`, or `$MTPSPEC_CACHE`).
 Candidates:
 - linear: `F.linear(x, W)`, `(W @ x^T)^T`, each optionally with a single row padded to two
   (on this machine's bf16 AMX path two rows cost half of one; fp32 MKL agrees from two rows on).
-- attention: PyTorch's fused `scaled_dot_product_attention`, or a plain
-  matmul-softmax-matmul with fp32 scores ("manual"), both over all S slots with a mask, so the
-  reduction length never depends on the row count.
+- attention, all over all S slots with a mask, so the reduction length never depends on the
+  row count: PyTorch's fused `scaled_dot_product_attention`; a plain matmul-softmax-matmul
+  with fp32 scores, rows stacked along the GEMM's M dimension ("manual"); the same with the
+  cache as the GEMM's left operand and the rows as its N dimension ("kqt": K q^T, V^T P^T),
+  the layout that kept rows bit-identical for every cache size tried here.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ import torch.nn.functional as F
 
 R_MAX = 16  # most rows checked for invariance (a verify pass of k + 1 <= 16 tokens)
 LINEAR_KINDS = ("linear", "linear_pad2", "wxt", "wxt_pad2")
-ATTENTION_KINDS = ("sdpa", "manual")
+ATTENTION_KINDS = ("sdpa", "manual", "kqt")
+CHECK_SLOTS = (64, 320, 1024, 2048)  # cache sizes at which attention must be row-invariant
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class KernelPlan:
     # How a (R, I) x (O, I)^T product is computed (see LINEAR_KINDS).
     linear: str = "linear_pad2"
     # How attention over the cache is computed (see ATTENTION_KINDS).
-    attention: str = "manual"
+    attention: str = "kqt"
     # Whether every row came out bit-identical whatever the row count when this plan was
     # chosen; False only if no candidate passed (then outputs are exact in fp32 up to rounding).
     row_invariant: bool = True
@@ -63,7 +66,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, kind: str) 
     if pad:
         x = torch.cat([x, x], 0)  # (2, I): the two-row path, then keep the first row
     if kind.startswith("wxt"):
-        y = (w @ x.T).T  # (R, O)
+        # contiguous: a transposed view would send the next elementwise op (SiLU) down a
+        # strided path whose rounding differs from the contiguous one used for other row counts
+        y = (w @ x.T).T.contiguous()  # (R, O)
     else:
         y = F.linear(x, w)  # (R, O)
     if pad:
@@ -73,16 +78,30 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, kind: str) 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
               kind: str) -> torch.Tensor:
-    """q (1, H, R, hd), k/v (1, Hk, S, hd), mask (R, S) bool (True = may attend) -> (1, H, R, hd)."""
-    if kind == "sdpa":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
-    _, H, R, hd = q.shape
+    """q (B, H, R, hd), k/v (B, Hk, S, hd), mask (R, S) or (B, R, S) bool (True = may attend)
+    -> (B, H, R, hd). A batch of B is B independent problems of the same shape: the decode loop
+    uses B > 1 for draft trees, one row per batch element (see `Target.forward`)."""
+    B, H, R, hd = q.shape
     Hk, S = k.shape[1], k.shape[2]
+    m = mask if mask.dim() == 2 else mask[:, None]  # (R, S) or (B, 1, R, S): broadcast over heads
+    if kind == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale, enable_gqa=Hk != H)
     g = H // Hk  # query heads per key/value head
-    qg = q.reshape(1, Hk, g * R, hd)  # (1, Hk, gR, hd): heads of a group share their keys
-    s = (qg @ k.transpose(-1, -2)).float().view(1, H, R, S) * scale  # (1, H, R, S)
-    p = s.masked_fill(~mask, float("-inf")).softmax(-1).to(v.dtype)
-    return (p.view(1, Hk, g * R, S) @ v).view(1, H, R, hd)
+    qg = q.reshape(B, Hk, g * R, hd)  # (B, Hk, gR, hd): heads of a group share their keys
+    if kind == "manual":
+        s = (qg @ k.transpose(-1, -2)).float().view(B, H, R, S) * scale  # (B, H, R, S)
+        p = s.masked_fill(~m, float("-inf")).softmax(-1).to(v.dtype)
+        return (p.view(B, Hk, g * R, S) @ v).view(B, H, R, hd)
+    n = g * R  # "kqt": query rows are the GEMM's N columns, at least two (see `linear`)
+    if n == 1:
+        qg = torch.cat([qg, qg], 2)
+    s = (k @ qg.transpose(-1, -2))[..., :n]  # (B, Hk, S, gR)
+    s = s.transpose(-1, -2).contiguous().float().view(B, H, R, S) * scale  # (B, H, R, S)
+    p = s.masked_fill(~m, float("-inf")).softmax(-1).to(v.dtype).view(B, Hk, n, S)
+    if n == 1:
+        p = torch.cat([p, p], 2)
+    out = (v.transpose(-1, -2) @ p.transpose(-1, -2))[..., :n]  # (B, Hk, hd, gR)
+    return out.transpose(-1, -2).contiguous().view(B, H, R, hd)
 
 
 # -- choosing a plan on this machine ----------------------------------------------------------
@@ -129,7 +148,10 @@ def _check_attention(kind: str, dtype: torch.dtype, H: int, Hk: int, hd: int, S:
         return attention(q[:, :, idx], k, v, mask[idx], hd**-0.5, kind)[0].transpose(0, 1)  # (R, H, hd)
 
     alone = [rows(slice(i, i + 1)) for i in range(R_MAX)]
-    ok = all(torch.equal(rows(slice(0, r))[i:i + 1], alone[i]) for r in range(2, R_MAX + 1) for i in range(r))
+    ok = True
+    for r in range(2, R_MAX + 1):
+        together = rows(slice(0, r))
+        ok = ok and all(torch.equal(together[i:i + 1], alone[i]) for i in range(r))
     cost = _median_us(lambda: rows(slice(0, 1))) + _median_us(lambda: rows(slice(0, 5)))
     return ok, cost
 
@@ -164,7 +186,10 @@ def choose_plan(dtype: torch.dtype, linear_shapes: list[tuple[int, int]], heads:
             pass  # a stale or corrupt cache file: measure again
     shapes = sorted(set(linear_shapes))
     lin = {kind: _check_linear(kind, dtype, shapes) for kind in LINEAR_KINDS}
-    att = {kind: _check_attention(kind, dtype, H, Hk, hd) for kind in ATTENTION_KINDS}
+    att = {}
+    for kind in ATTENTION_KINDS:
+        checks = [_check_attention(kind, dtype, H, Hk, hd, S) for S in CHECK_SLOTS]
+        att[kind] = (all(ok for ok, _ in checks), sum(cost for _, cost in checks))
     good_lin = [k for k, (ok, _) in lin.items() if ok]
     good_att = [k for k, (ok, _) in att.items() if ok]
     plan = KernelPlan(

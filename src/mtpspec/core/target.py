@@ -259,7 +259,8 @@ class Target:
         """The kernels this machine runs row-invariantly and fastest (measured once, cached)."""
         if self.dtype not in self._plans:  # keyed by dtype: the model may be cast after wrapping
             L = self._layers[0]
-            shapes = [(int(w.shape[0]), int(w.shape[1])) for w in (L.q[0], L.k[0], L.v[0], L.o[0], L.gate, L.up, L.down)]
+            weights = (L.q[0], L.k[0], L.v[0], L.o[0], L.gate, L.up, L.down, self.lm_head.weight)
+            shapes = [(int(w.shape[0]), int(w.shape[1])) for w in weights]
             self._plans[self.dtype] = choose_plan(self.dtype, shapes, (self.num_heads, self.num_kv_heads, self.head_dim))
         return self._plans[self.dtype]
 
@@ -324,11 +325,20 @@ class Target:
         if positions is None:
             positions = torch.arange(start, start + T, device=dev)
         slots = torch.arange(S, device=dev)
+        gather = None
         if tree_mask is None:  # (T, S): every committed slot, then the new ones causally
             mask = slots[None, :] <= start + torch.arange(T, device=dev)[:, None]
         else:
-            mask = (slots < start)[None, :].repeat(T, 1)
-            mask[:, start:start + T] = tree_mask
+            # A tree row reads its own copy of the cache in which its ancestors and itself sit
+            # right after the committed slots, in depth order: exactly the slots, order and
+            # shapes it would see if its path had been decoded one token at a time. (Shared
+            # slots would put an ancestor elsewhere among masked slots, and attention sums in
+            # a different order.) gather (T, S) maps each row's slot to a cache slot.
+            gather = slots.repeat(T, 1)
+            seen = tree_mask.sum(-1).tolist()  # ancestors + self, per row
+            for r in range(T):
+                gather[r, start:start + seen[r]] = start + tree_mask[r].nonzero()[:, 0]
+            mask = slots[None, :] < start + torch.tensor(seen, device=dev)[:, None]  # (T, S)
         plan = self.plan
         H, Hk, hd = self.num_heads, self.num_kv_heads, self.head_dim
         scale = hd**-0.5
@@ -354,8 +364,14 @@ class Target:
             q, k = qk[:, :H], qk[:, H:]  # (1, H, T, hd), (1, Hk, T, hd)
             cache.keys[i, :, start:start + T] = k[0]
             cache.values[i, :, start:start + T] = v.transpose(0, 1)
-            a = attention(q, cache.keys[i][None], cache.values[i][None], mask, scale, plan.attention)  # (1, H, T, hd)
-            x = x + linear(a[0].transpose(0, 1).reshape(T, H * hd), *L.o, plan.linear)  # (T, D)
+            if gather is None:
+                a = attention(q, cache.keys[i][None], cache.values[i][None], mask, scale, plan.attention)[0]  # (H, T, hd)
+            else:  # one batch element per row: (T, H, 1, hd) against (T, Hk, S, hd)
+                kr = cache.keys[i][:, gather].transpose(0, 1)  # (T, Hk, S, hd)
+                vr = cache.values[i][:, gather].transpose(0, 1)
+                a = attention(q[0].transpose(0, 1)[:, :, None], kr, vr, mask[:, None], scale, plan.attention)
+                a = a[:, :, 0].transpose(0, 1)  # (H, T, hd)
+            x = x + linear(a.transpose(0, 1).reshape(T, H * hd), *L.o, plan.linear)  # (T, D)
             # MLP
             h = rms_norm(x, L.ln2, L.ln2_eps)
             g = L.act(linear(h, L.gate, None, plan.linear)) * linear(h, L.up, None, plan.linear)  # (T, M)
