@@ -9,8 +9,8 @@ import torch
 from conftest import save_tiny_model_dir
 from safetensors.torch import load_file
 
-from mtpspec.training.data import DataConfig, generate_data, is_degenerate, load_samples, read_prompts_file
 from mtpspec.errors import DataError, InputError
+from mtpspec.training.data import DataConfig, generate_data, is_degenerate, load_samples, read_prompts_file
 
 CFG = dict(batch_size=4, max_prompt_tokens=8, max_response_tokens=10, require_finished_prompts=False, seed=3)
 

@@ -15,9 +15,9 @@ from conftest import tiny_model, write_tiny_data
 
 import mtpspec
 from mtpspec import DraftInput, HeadConfig, MTPHead, SamplingConfig, Target
-from mtpspec.training.activations import build_cache, load_cache, token_frequencies
 from mtpspec.config import TrainConfig
 from mtpspec.errors import DataError, InputError
+from mtpspec.training.activations import build_cache, load_cache, token_frequencies
 from mtpspec.training.train import MTPObjective, collate, train
 
 FAST = dict(batch_size=8, lr=3e-3, warmup_steps=2, eval_every=1000, save_every=1000, bf16=False, max_draft_tokens=3)

@@ -4,10 +4,10 @@ multi-token-prediction head that cross-attends to the target's own KV cache."""
 from .config import HeadConfig, SamplingConfig
 from .core.decode import DecodeState, GenerateOutput, generate, prefill, step
 from .core.draft import Draft, Drafter, DraftInput
-from .errors import DataError, HeadMismatchError, InputError, MtpspecError, UnsupportedModelError
 from .core.head import MTPHead
 from .core.stats import DecodeStats
 from .core.target import SUPPORTED, KVCache, Target
+from .errors import DataError, HeadMismatchError, InputError, MtpspecError, UnsupportedModelError
 
 __version__ = "0.1.0"
 

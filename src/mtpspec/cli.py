@@ -336,8 +336,7 @@ def bench(
     import datetime
 
     from .measure.bench import FRESH_HEAD_NOTE, BenchConfig, build_methods, environment_info, load_draft_model, run_bench
-    from .measure.report import summary_line, verify_cost_line
-    from .measure.report import write_report
+    from .measure.report import summary_line, verify_cost_line, write_report
     from .models import chat_ids, resolve_dtype
     from .pretrained import resolve_head
     from .prompts import load_prompts

@@ -28,8 +28,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..config import HeadConfig, SamplingConfig
-from .draft import Draft, DraftInput
 from ..errors import HeadMismatchError, InputError
+from .draft import Draft, DraftInput
 from .sampling import probs_from_logits, sample
 from .target import Target, TargetIdentity
 
@@ -44,10 +44,11 @@ def _read_meta(d: Path) -> dict[str, Any]:
     try:
         meta = json.loads((d / CONFIG_NAME).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{d / CONFIG_NAME} is damaged ({e}); save the head again.") from None
+        raise InputError(f"{d} is not a readable mtpspec head: {CONFIG_NAME} is damaged ({e}). Save the head again.") from None
     missing = [k for k in ("head_config", "target") if k not in meta]
     if missing:
-        raise InputError(f"{d / CONFIG_NAME} lacks {', '.join(missing)}; it was not written by save_pretrained.")
+        raise InputError(f"{d} is not a readable mtpspec head: {CONFIG_NAME} lacks {', '.join(missing)} (it was not "
+                         "written by save_pretrained). Save the head again.")
     return meta
 
 
@@ -195,12 +196,14 @@ class MTPHead(nn.Module):
         try:
             state = load_file(str(d / WEIGHTS_NAME))
         except Exception as e:  # safetensors raises its own SafetensorError for a damaged file
-            raise InputError(f"{d / WEIGHTS_NAME} is damaged or truncated ({e}); copy or save the head again.") from None
+            raise InputError(f"{d} is not a readable mtpspec head: {WEIGHTS_NAME} is damaged or truncated ({e}). "
+                             "Copy or save the head again.") from None
         try:
             head = cls(t, HeadConfig.from_dict(meta["head_config"]), state.get("draft_ids"))
             head.load_state_dict(state)
         except (RuntimeError, TypeError) as e:
-            raise InputError(f"{d / WEIGHTS_NAME} does not match {d / CONFIG_NAME}: {str(e).splitlines()[0]}") from None
+            raise InputError(f"{d} is not a readable mtpspec head: {WEIGHTS_NAME} does not match {CONFIG_NAME} "
+                             f"({str(e).splitlines()[0]}). Save the head again.") from None
         head.recommended_k = meta.get("recommended_k")
         return head.to(dtype=t.dtype)
 

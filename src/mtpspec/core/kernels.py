@@ -128,9 +128,9 @@ def _rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor)
 def _check_linear(kind: str, dtype: torch.dtype, shapes: list[tuple[int, int]]) -> tuple[bool, float]:
     g = torch.Generator().manual_seed(0)
     ok, cost = True, 0.0
-    for O, I in shapes:
-        w = torch.randn(O, I, generator=g).to(dtype)
-        x = torch.randn(R_MAX, I, generator=g).to(dtype)
+    for n_out, n_in in shapes:
+        w = torch.randn(n_out, n_in, generator=g).to(dtype)
+        x = torch.randn(R_MAX, n_in, generator=g).to(dtype)
         ok = ok and _rows_invariant(lambda rows, w=w: linear(rows, w, None, kind), x)
         cost += _median_us(lambda w=w, x=x: linear(x[:1], w, None, kind)) + _median_us(lambda w=w, x=x: linear(x[:5], w, None, kind))
     return ok, cost

@@ -31,8 +31,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.decode import generate as mtp_generate
-from ..core.stats import DecodeStats
 from ..core.drafters import HybridDrafter, TreeDrafter
+from ..core.stats import DecodeStats
 from ..core.target import Target
 from ..errors import InputError
 from ..prompts import Prompt

@@ -22,9 +22,9 @@ import torch
 
 from ..config import SamplingConfig
 from ..core.draft import DraftInput
-from ..errors import InputError
 from ..core.head import MTPHead
 from ..core.target import Target
+from ..errors import InputError
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,8 @@ def markdown(result: BenchResult) -> str:
               "accepted/fwd: tokens per target forward that verifies drafts. fwd/token: all target forwards "
               "(prefill included) per new token. ms/verify fwd: mean wall time of one target forward in mtpspec's loop "
               "(k0: one token; a drafting method: k + 1 tokens or tree nodes), so their ratio is this run's verify "
-              "cost. identical to k0: the exactness guarantee (same dtype, same library). TTFT includes any draft model prefill. Memory: what the drafter "
+              "cost. identical to k0: the exactness guarantee (same dtype, same library). TTFT includes any draft "
+              "model prefill. Memory: what the drafter "
               "owns beside the target (weights + its own KV cache) at each context length.", ""]
     header = ["method", "k", "tok/s", "x hf", "x k0", "accepted/fwd", "fwd/token", "ms/verify fwd", "ms drafting/round",
               "TTFT ms", "identical to hf", "identical to k0"]

@@ -4,17 +4,13 @@ the head to draft with."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError
-
 from ..config import HeadConfig
 from ..core.head import CONFIG_NAME, MTPHead, saved_head_config
-from ..errors import InputError, MtpspecError
 
 HERE = Path(__file__).parent
 
@@ -58,28 +54,13 @@ def resolve_head(target: Any, target_name: str, head_dir: str | Path | None = No
 
 
 def load_head(head_dir: str | Path, target: Any) -> MTPHead:
-    """`MTPHead.from_pretrained`, with a damaged directory reported as an InputError."""
-    with _readable(head_dir):
-        return MTPHead.from_pretrained(head_dir, target)
+    """`MTPHead.from_pretrained`: a damaged directory is an InputError that names it."""
+    return MTPHead.from_pretrained(head_dir, target)
 
 
 def load_head_config(head_dir: str | Path) -> HeadConfig:
-    """The architecture of a saved head (without its weights), damage reported as an InputError."""
-    with _readable(head_dir):
-        return saved_head_config(head_dir)
-
-
-@contextmanager
-def _readable(head_dir: str | Path) -> Iterator[None]:
-    """Turn what a damaged head directory raises (bad JSON, missing fields, corrupt or
-    mismatched weights) into an InputError that names the directory, not a raw traceback."""
-    try:
-        yield
-    except MtpspecError:
-        raise
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
-        raise InputError(f"{head_dir} is not a readable mtpspec head ({type(e).__name__}: {e}). "
-                         "Save it again with `mtpspec train`, or pass another --head.") from None
+    """The architecture of a saved head (without its weights)."""
+    return saved_head_config(head_dir)
 
 
 def default_k(head: Any) -> int:

@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from .data import load_samples, read_manifest
-from ..errors import DataError
 from ..core.target import Target
+from ..errors import DataError
+from .data import load_samples, read_manifest
 
 MANIFEST = "activations.json"
 

@@ -30,8 +30,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from ..errors import DataError, InputError
 from ..core.target import Target
+from ..errors import DataError, InputError
 
 MANIFEST = "manifest.json"
 _MANIFEST_KEYS = ("target", "settings", "num_samples", "num_shards", "num_tokens", "prompts_consumed")
