@@ -105,14 +105,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 
 # -- choosing a plan on this machine ----------------------------------------------------------
-def _median_us(fn: Callable[[], object], reps: int = 30) -> float:
+def _best_us(fn: Callable[[], object], reps: int = 30) -> float:
+    """The fastest of `reps` timings: the least disturbed by whatever else the machine runs."""
     fn()
     ts = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
-    return sorted(ts)[len(ts) // 2] * 1e6
+    return min(ts) * 1e6
 
 
 def _rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> bool:
@@ -125,14 +126,17 @@ def _rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor)
     return True
 
 
-def _check_linear(kind: str, dtype: torch.dtype, shapes: list[tuple[int, int]]) -> tuple[bool, float]:
+def _check_linear(kind: str, dtype: torch.dtype, shapes: dict[tuple[int, int], int]) -> tuple[bool, float]:
+    """Row-invariant for every shape? And the time of one forward's matmuls over 1 and 5 rows
+    (each shape's time times its number of uses)."""
     g = torch.Generator().manual_seed(0)
     ok, cost = True, 0.0
-    for n_out, n_in in shapes:
+    for (n_out, n_in), uses in shapes.items():
         w = torch.randn(n_out, n_in, generator=g).to(dtype)
         x = torch.randn(R_MAX, n_in, generator=g).to(dtype)
         ok = ok and _rows_invariant(lambda rows, w=w: linear(rows, w, None, kind), x)
-        cost += _median_us(lambda w=w, x=x: linear(x[:1], w, None, kind)) + _median_us(lambda w=w, x=x: linear(x[:5], w, None, kind))
+        one = _best_us(lambda w=w, x=x: linear(x[:1], w, None, kind))
+        cost += uses * (one + _best_us(lambda w=w, x=x: linear(x[:5], w, None, kind)))
     return ok, cost
 
 
@@ -152,7 +156,7 @@ def _check_attention(kind: str, dtype: torch.dtype, H: int, Hk: int, hd: int, S:
     for r in range(2, R_MAX + 1):
         together = rows(slice(0, r))
         ok = ok and all(torch.equal(together[i:i + 1], alone[i]) for i in range(r))
-    cost = _median_us(lambda: rows(slice(0, 1))) + _median_us(lambda: rows(slice(0, 5)))
+    cost = _best_us(lambda: rows(slice(0, 1))) + _best_us(lambda: rows(slice(0, 5)))
     return ok, cost
 
 
@@ -172,24 +176,24 @@ def _cpu_model() -> str:
     return ""
 
 
-def choose_plan(dtype: torch.dtype, linear_shapes: list[tuple[int, int]], heads: tuple[int, int, int],
-                use_cache: bool = True) -> KernelPlan:
-    """The fastest row-invariant kernels for these weight shapes and (H, Hk, hd) on this machine.
-    Takes a second or two the first time; later calls read the cached choice."""
+def choose_plan(dtype: torch.dtype, linear_shapes: dict[tuple[int, int], int], heads: tuple[int, int, int],
+                num_layers: int = 1, use_cache: bool = True) -> KernelPlan:
+    """The fastest row-invariant kernels on this machine for weights of these (out, in) shapes
+    (each used that many times per forward) and attention with (H, Hk, hd) heads in each of
+    `num_layers` layers. Takes several seconds the first time; later calls read the cached choice."""
     H, Hk, hd = heads
-    key = f"{sorted(set(linear_shapes))}|{heads}"
+    key = f"{sorted(linear_shapes.items())}|{heads}|{num_layers}"
     path = _cache_file(dtype, key)
     if use_cache and path.is_file():
         try:
             return KernelPlan(**json.loads(path.read_text()))
         except (ValueError, TypeError):
             pass  # a stale or corrupt cache file: measure again
-    shapes = sorted(set(linear_shapes))
-    lin = {kind: _check_linear(kind, dtype, shapes) for kind in LINEAR_KINDS}
+    lin = {kind: _check_linear(kind, dtype, linear_shapes) for kind in LINEAR_KINDS}
     att = {}
     for kind in ATTENTION_KINDS:
         checks = [_check_attention(kind, dtype, H, Hk, hd, S) for S in CHECK_SLOTS]
-        att[kind] = (all(ok for ok, _ in checks), sum(cost for _, cost in checks))
+        att[kind] = (all(ok for ok, _ in checks), num_layers * sum(cost for _, cost in checks))
     good_lin = [k for k, (ok, _) in lin.items() if ok]
     good_att = [k for k, (ok, _) in att.items() if ok]
     plan = KernelPlan(

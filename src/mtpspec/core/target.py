@@ -259,9 +259,14 @@ class Target:
         """The kernels this machine runs row-invariantly and fastest (measured once, cached)."""
         if self.dtype not in self._plans:  # keyed by dtype: the model may be cast after wrapping
             L = self._layers[0]
-            weights = (L.q[0], L.k[0], L.v[0], L.o[0], L.gate, L.up, L.down, self.lm_head.weight)
-            shapes = [(int(w.shape[0]), int(w.shape[1])) for w in weights]
-            self._plans[self.dtype] = choose_plan(self.dtype, shapes, (self.num_heads, self.num_kv_heads, self.head_dim))
+            uses: dict[tuple[int, int], int] = {}
+            for w in (L.q[0], L.k[0], L.v[0], L.o[0], L.gate, L.up, L.down):
+                shape = (int(w.shape[0]), int(w.shape[1]))
+                uses[shape] = uses.get(shape, 0) + self.num_layers
+            head_shape = (self.vocab_size, self.hidden_size)
+            uses[head_shape] = uses.get(head_shape, 0) + 1
+            heads = (self.num_heads, self.num_kv_heads, self.head_dim)
+            self._plans[self.dtype] = choose_plan(self.dtype, uses, heads, self.num_layers)
         return self._plans[self.dtype]
 
     def layer_index(self, i: int) -> int:
@@ -366,11 +371,13 @@ class Target:
             cache.values[i, :, start:start + T] = v.transpose(0, 1)
             if gather is None:
                 a = attention(q, cache.keys[i][None], cache.values[i][None], mask, scale, plan.attention)[0]  # (H, T, hd)
-            else:  # one batch element per row: (T, H, 1, hd) against (T, Hk, S, hd)
-                kr = cache.keys[i][:, gather].transpose(0, 1)  # (T, Hk, S, hd)
-                vr = cache.values[i][:, gather].transpose(0, 1)
-                a = attention(q[0].transpose(0, 1)[:, :, None], kr, vr, mask[:, None], scale, plan.attention)
-                a = a[:, :, 0].transpose(0, 1)  # (H, T, hd)
+            else:  # one batch element per (kv head, row): the shapes of a one-row pass, Hk * T times
+                kr = cache.keys[i][:, gather].view(Hk * T, 1, S, hd)  # gathered: (Hk, T, S, hd)
+                vr = cache.values[i][:, gather].view(Hk * T, 1, S, hd)
+                qr = q[0].view(Hk, H // Hk, T, hd).transpose(1, 2).reshape(Hk * T, H // Hk, 1, hd)
+                mr = mask.expand(Hk, T, S).reshape(Hk * T, 1, S)
+                a = attention(qr, kr, vr, mr, scale, plan.attention)  # (Hk * T, g, 1, hd)
+                a = a.view(Hk, T, H // Hk, hd).transpose(1, 2).reshape(H, T, hd)
             x = x + linear(a.transpose(0, 1).reshape(T, H * hd), *L.o, plan.linear)  # (T, D)
             # MLP
             h = rms_norm(x, L.ln2, L.ln2_eps)
