@@ -120,16 +120,20 @@ def generate(
     dtype: str = DTYPE,
     compare: bool = typer.Option(False, "--compare", help="Also decode plainly (k=0) and print both speeds side by side."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+    tree: bool = typer.Option(False, "--tree", help="Draft a tree of -k nodes [default 10] from the head (greedy only)."),
 ) -> None:
     """Generate text from a prompt with speculative decoding, streaming tokens as accepted."""
     from . import generate as decode
+    from .core.drafters import TreeDrafter
     from .measure.compare import compare as compare_plain
     from .models import chat_ids
     from .pretrained import default_k, resolve_head
 
     loaded, tgt = open_target(target, dtype)
     mtp = resolve_head(tgt, loaded.name, head, fresh_head, _warn).head
-    k = default_k(mtp) if num_draft_tokens is None else num_draft_tokens
+    k = (10 if tree else default_k(mtp)) if num_draft_tokens is None else num_draft_tokens
+    if tree:
+        mtp = TreeDrafter(mtp)
     ids = chat_ids(loaded.tokenizer, prompt)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     stream = None if as_json else _text_stream(loaded.tokenizer)
