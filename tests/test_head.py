@@ -112,9 +112,14 @@ def test_unsupported_architecture_is_refused():
         mtpspec.generate(gpt2, None, torch.tensor([[1, 2]]))
 
 
-def test_sliding_window_mistral_is_refused():
-    with pytest.raises(mtpspec.UnsupportedModelError, match="sliding_window"):
-        Target(tiny_model("mistral", sliding_window=16))
+def test_partial_rotary_is_refused_with_the_reason():
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    cfg = Phi3Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                     num_key_value_heads=2, pad_token_id=0)
+    cfg.rope_parameters = {**(cfg.rope_parameters or {}), "partial_rotary_factor": 0.5}
+    with pytest.raises(mtpspec.UnsupportedModelError, match="partial_rotary_factor"):
+        Target(Phi3ForCausalLM(cfg))
 
 
 def test_bad_head_config_is_refused():

@@ -48,3 +48,36 @@ def test_growable_and_fixed_caches():
     fixed = t.new_cache(8)
     with pytest.raises(mtpspec.InputError, match="slots"):
         t.forward(torch.tensor([[5] * 70]), fixed)
+
+
+@pytest.mark.parametrize("family, window", [
+    ("mistral", {"sliding_window": 6}),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1}),  # layer 1 slides
+])
+def test_sliding_window_greedy_equals_hf_across_the_window(family, window):
+    """The cache keeps every position and the mask slides: greedy output equals HF's far past
+    the window, with drafts rolled back on every round."""
+    from conftest import OracleDrafter, hf_greedy
+
+    model = tiny_model(family, **window)
+    full = tiny_model(family)  # the same weights (same seed) with full attention
+    ids = torch.randint(4, 97, (1, 20), generator=torch.Generator().manual_seed(1))
+    ref = hf_greedy(model, ids, 40, eos=[])
+    assert not torch.equal(ref, hf_greedy(full, ids, 40, eos=[]))  # the window changes the text
+    for drafter, k in ((None, 0), (mtpspec.MTPHead.for_target(model), 3), (OracleDrafter(ref[0].tolist(), 97), 4)):
+        out = mtpspec.generate(model, drafter, ids, max_new_tokens=40, num_draft_tokens=k, eos_token_id=[])
+        assert torch.equal(out.sequences, ref), (family, k)
+
+
+def test_phi3_fused_projections_equal_hf_greedy():
+    """Phi-3 fuses q/k/v and gate/up; the adapter reads row views of the fused weights."""
+    from conftest import COMMON, OracleDrafter, hf_greedy
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    torch.manual_seed(0)
+    model = Phi3ForCausalLM(Phi3Config(**{**COMMON, "pad_token_id": 0})).eval()
+    ids = torch.randint(4, 97, (1, 15), generator=torch.Generator().manual_seed(2))
+    ref = hf_greedy(model, ids, 30, eos=[])
+    for drafter, k in ((None, 0), (mtpspec.MTPHead.for_target(model), 3), (OracleDrafter(ref[0].tolist(), 97), 4)):
+        out = mtpspec.generate(model, drafter, ids, max_new_tokens=30, num_draft_tokens=k, eos_token_id=[])
+        assert torch.equal(out.sequences, ref), k

@@ -31,7 +31,7 @@ from ..config import HeadConfig, SamplingConfig
 from ..errors import HeadMismatchError, InputError
 from .draft import Draft, DraftInput
 from .sampling import probs_from_logits, sample
-from .target import Target, TargetIdentity
+from .target import Target, TargetIdentity, rotate_half
 
 CONFIG_NAME = "mtp_head.json"
 WEIGHTS_NAME = "mtp_head.safetensors"
@@ -80,11 +80,6 @@ def lin(layer: nn.Linear | torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if R == 1:
         rows = torch.cat([rows, rows], 0)
     return (w @ rows.T).T[:R].reshape(*x.shape[:-1], w.shape[0])
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
 
 
 class CrossBlock(nn.Module):

@@ -37,7 +37,7 @@ from .kernels import KernelPlan, attention, choose_plan, linear
 
 # model_type -> human name. All four run the same code path (pre-norm decoder, RoPE on the
 # cached keys, GQA); verified by tests/test_decode.py on tiny random configs of each.
-SUPPORTED = {"llama": "Llama / SmolLM2", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral"}
+SUPPORTED = {"llama": "Llama / SmolLM2", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "phi3": "Phi-3"}
 SLOT_ALIGN = 64  # cache capacity is a multiple of this: fewer distinct attention lengths
 
 
@@ -131,6 +131,20 @@ class _Layer:
     act: nn.Module
 
 
+def _sliding_windows(cfg: object, model_type: str) -> list[int | None]:
+    """Per layer, the sliding-window width (a key is visible iff its position > the query's
+    minus the width), or None for full attention - as HF's masks define it. The cache keeps
+    every position anyway (rolling back a draft must be exact); only the mask slides."""
+    n = int(cfg.num_hidden_layers)  # type: ignore[attr-defined]
+    window = getattr(cfg, "sliding_window", None)
+    if window is None:
+        return [None] * n
+    if model_type == "mistral":  # Mistral slides in every layer when a window is set
+        return [int(window)] * n
+    types = getattr(cfg, "layer_types", None) or ["full_attention"] * n
+    return [int(window) if kind == "sliding_attention" else None for kind in types]
+
+
 def _wb(lin: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     return lin.weight, lin.bias
 
@@ -164,12 +178,10 @@ class Target:
                 f"mtpspec does not support the architecture {arch!r} (model_type={model_type!r}). "
                 f"Supported: {', '.join(f'{v} ({k})' for k, v in SUPPORTED.items())}."
             )
-        window = getattr(cfg, "sliding_window", None)
-        if window is not None and (model_type == "mistral" or getattr(cfg, "use_sliding_window", False)):
-            raise UnsupportedModelError(
-                f"{model_type} with sliding_window={window} is not supported yet: set config.sliding_window = None "
-                "to use full attention."
-            )
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        if float(rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0) != 1.0:
+            raise UnsupportedModelError(f"{model_type} with partial rotary embeddings (partial_rotary_factor < 1) is not "
+                                        "supported: the adapter rotates whole heads.")
         for path in ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head"):
             obj = model
             for part in path.split("."):
@@ -182,22 +194,36 @@ class Target:
         self.config = cfg
         self.model_type: str = model_type
         self._layers = [self._read_layer(layer) for layer in model.model.layers]
+        self.windows = _sliding_windows(cfg, model_type)
         self._plans: dict[torch.dtype, KernelPlan] = {} if plan is None else {self.dtype: plan}
 
     def _read_layer(self, layer: nn.Module) -> _Layer:
         a, m = layer.self_attn, layer.mlp
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            if not isinstance(getattr(a, name, None), nn.Linear):
-                raise UnsupportedModelError(f"{type(self.model).__name__}: attention has no linear `{name}`.")
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            if getattr(getattr(m, name, None), "bias", None) is not None:
-                raise UnsupportedModelError(f"{type(self.model).__name__}: MLP `{name}` has a bias, not supported.")
+        name = type(self.model).__name__
+        if isinstance(getattr(a, "qkv_proj", None), nn.Linear):  # Phi-3: q, k, v fused; row views, no copy
+            if a.qkv_proj.bias is not None:
+                raise UnsupportedModelError(f"{name}: a fused qkv projection with a bias is not supported.")
+            w, nq, nk = a.qkv_proj.weight, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            q, k, v = (w[:nq], None), (w[nq:nq + nk], None), (w[nq + nk:], None)
+        else:
+            for proj in ("q_proj", "k_proj", "v_proj"):
+                if not isinstance(getattr(a, proj, None), nn.Linear):
+                    raise UnsupportedModelError(f"{name}: attention has no linear `{proj}`.")
+            q, k, v = _wb(a.q_proj), _wb(a.k_proj), _wb(a.v_proj)
+        if isinstance(getattr(m, "gate_up_proj", None), nn.Linear):  # Phi-3: gate and up fused
+            gu, M = m.gate_up_proj.weight, m.gate_up_proj.weight.shape[0] // 2
+            gate, up, act = gu[:M], gu[M:], m.activation_fn
+        else:
+            gate, up, act = m.gate_proj.weight, m.up_proj.weight, m.act_fn
+        for lin in (getattr(m, "gate_proj", None), getattr(m, "up_proj", None), getattr(m, "gate_up_proj", None), m.down_proj):
+            if getattr(lin, "bias", None) is not None:
+                raise UnsupportedModelError(f"{name}: an MLP projection with a bias is not supported.")
         return _Layer(
             ln1=layer.input_layernorm.weight, ln1_eps=_eps(layer.input_layernorm),
-            q=_wb(a.q_proj), k=_wb(a.k_proj), v=_wb(a.v_proj), o=_wb(a.o_proj),
+            q=q, k=k, v=v, o=_wb(a.o_proj),
             q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None),
             ln2=layer.post_attention_layernorm.weight, ln2_eps=_eps(layer.post_attention_layernorm),
-            gate=m.gate_proj.weight, up=m.up_proj.weight, down=m.down_proj.weight, act=m.act_fn,
+            gate=gate, up=up, down=m.down_proj.weight, act=act,
         )
 
     # -- the pieces the head shares by reference ------------------------------------------
@@ -344,6 +370,9 @@ class Target:
             for r in range(T):
                 gather[r, start:start + seen[r]] = start + tree_mask[r].nonzero()[:, 0]
             mask = slots[None, :] < start + torch.tensor(seen, device=dev)[:, None]  # (T, S)
+        # In the attention layout a key's slot is its position (chain: by construction; tree:
+        # the gathered layout), so a sliding window is one more mask condition.
+        masks = {w: mask if w is None else mask & (slots[None, :] > positions[:, None] - w) for w in set(self.windows)}
         plan = self.plan
         H, Hk, hd = self.num_heads, self.num_kv_heads, self.head_dim
         scale = hd**-0.5
@@ -369,6 +398,7 @@ class Target:
             q, k = qk[:, :H], qk[:, H:]  # (1, H, T, hd), (1, Hk, T, hd)
             cache.keys[i, :, start:start + T] = k[0]
             cache.values[i, :, start:start + T] = v.transpose(0, 1)
+            mask = masks[self.windows[i]]
             if gather is None:
                 a = attention(q, cache.keys[i][None], cache.values[i][None], mask, scale, plan.attention)[0]  # (H, T, hd)
             else:  # one batch element per (kv head, row): the shapes of a one-row pass, Hk * T times

@@ -77,13 +77,14 @@ def markdown(result: BenchResult) -> str:
                     + [_mib(result.memory[m].at(c)) for c in ctx])
     lines += _table(header, rows)
 
-    lines += ["", "## Per category", "", "tok/s (speed-up over hf), identical outputs", ""]
+    lines += ["", "## Per category", "", "tok/s (speed-up over hf), outputs identical to hf / to k0", ""]
     rows = []
     for m in result.methods:
         row = [m]
         for c in result.categories:
             s = result.summary(m, c)
-            row.append(f"{s.tokens_per_s:.1f} ({_f(s.speedup_vs_hf, '.2f', 'x')}), {_identical(s)}")
+            k0 = "-" if s.identical_k0 is None else f"{s.identical_k0}/{s.prompts}"
+            row.append(f"{s.tokens_per_s:.1f} ({_f(s.speedup_vs_hf, '.2f', 'x')}), {_identical(s)} / {k0}")
         rows.append(row)
     lines += _table(["method", *result.categories], rows)
 
