@@ -222,3 +222,11 @@ def test_overlong_request_is_refused():
     model = tiny_model("llama")  # max_position_embeddings = 1024
     with pytest.raises(mtpspec.InputError, match="1024 positions"):
         mtpspec.generate(model, None, _prompt(1000, 0), max_new_tokens=100, num_draft_tokens=0)
+
+
+def test_more_drafts_than_the_checked_verify_rows_are_refused():
+    from mtpspec.core.kernels import R_MAX
+
+    model = tiny_model("llama")
+    with pytest.raises(mtpspec.InputError, match=f"0..{R_MAX - 1}"):
+        mtpspec.generate(model, mtpspec.MTPHead.for_target(model), _prompt(3, 0), num_draft_tokens=R_MAX)

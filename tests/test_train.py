@@ -65,7 +65,7 @@ def test_train_time_predictions_equal_inference_drafts(tiny_run):
         seq = torch.cat([prefix[:, : t + 2], d.tokens[None]], 1)  # (1, t + 2 + K)
         full_cache = target.new_cache()
         full = target.forward(seq, full_cache, head.config.hidden_layers)
-        keys, values = Target.cached_kv(full_cache, head.kv_layer)
+        keys, values = full_cache.layer(head.kv_layer)
         with torch.no_grad():
             logits = head(full.hidden, seq, keys, values, K)
         train_drafts = [int(lg[0, t].argmax()) for _, lg in logits]

@@ -23,6 +23,7 @@ from ..errors import InputError
 from .draft import Draft, Drafter, DraftInput
 from .drafters import TreeDrafter
 from .head import MTPHead
+from .kernels import R_MAX
 from .sampling import make_generator, probs_from_logits, sample
 from .stats import DecodeStats
 from .target import KVCache, Target
@@ -73,11 +74,11 @@ def resolve_eos(target: Target, eos_token_id: int | Sequence[int] | None) -> fro
     return frozenset(int(i) for i in ids)
 
 
-def _pick(logits: torch.Tensor, state_sampling: SamplingConfig, gen: torch.Generator | None) -> int:
+def _pick(logits: torch.Tensor, sampling: SamplingConfig, gen: torch.Generator | None) -> int:
     """(V,) -> the target's own token: argmax, or a draw from its distribution."""
-    if state_sampling.greedy:
+    if sampling.greedy:
         return int(logits.argmax())
-    return int(sample(probs_from_logits(logits[None], state_sampling), gen))
+    return int(sample(probs_from_logits(logits[None], sampling), gen))
 
 
 def _emit(state: DecodeState, accepted: list[int]) -> list[int]:
@@ -129,6 +130,7 @@ def prefill(
 def step(target: Target, drafter: Drafter | None, state: DecodeState, num_draft_tokens: int) -> list[int]:
     """One round: draft, verify in one target forward, accept, roll back. Returns the tokens
     it emitted (at least one: the target's own), already appended to `state`."""
+    _check_draft_count(num_draft_tokens)
     if state.done:
         return []
     # Never draft past max_new_tokens: the round always adds the target's own token too.
@@ -197,8 +199,7 @@ def generate(
     `tree=True` drafts a tree of `num_draft_tokens` nodes from an MTP head (greedy only)."""
     t = target if isinstance(target, Target) else Target(target)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    if num_draft_tokens < 0:
-        raise InputError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}.")
+    _check_draft_count(num_draft_tokens)
     if tree:
         if not isinstance(drafter, MTPHead):
             raise InputError("tree=True builds a draft tree from an MTPHead; pass the head as the drafter.")
@@ -216,6 +217,13 @@ def generate(
             break
         new = step(t, drafter, state, k)
     return GenerateOutput(sequences=state.tokens, stats=state.stats)
+
+
+def _check_draft_count(num_draft_tokens: int) -> None:
+    """A verify pass of more rows than the kernels were checked for could round differently."""
+    if not 0 <= num_draft_tokens < R_MAX:
+        raise InputError(f"num_draft_tokens must be in 0..{R_MAX - 1} (a verify pass checked bit for bit on this "
+                         f"machine holds at most {R_MAX} rows), got {num_draft_tokens}.")
 
 
 def _check_input(input_ids: Any, t: Target) -> torch.Tensor:

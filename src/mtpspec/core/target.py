@@ -398,14 +398,14 @@ class Target:
             q, k = qk[:, :H], qk[:, H:]  # (1, H, T, hd), (1, Hk, T, hd)
             cache.keys[i, :, start:start + T] = k[0]
             cache.values[i, :, start:start + T] = v.transpose(0, 1)
-            mask = masks[self.windows[i]]
+            m = masks[self.windows[i]]  # (T, S)
             if gather is None:
-                a = attention(q, cache.keys[i][None], cache.values[i][None], mask, scale, plan.attention)[0]  # (H, T, hd)
+                a = attention(q, cache.keys[i][None], cache.values[i][None], m, scale, plan.attention)[0]  # (H, T, hd)
             else:  # one batch element per (kv head, row): the shapes of a one-row pass, Hk * T times
                 kr = cache.keys[i][:, gather].view(Hk * T, 1, S, hd)  # gathered: (Hk, T, S, hd)
                 vr = cache.values[i][:, gather].view(Hk * T, 1, S, hd)
                 qr = q[0].view(Hk, H // Hk, T, hd).transpose(1, 2).reshape(Hk * T, H // Hk, 1, hd)
-                mr = mask.expand(Hk, T, S).reshape(Hk * T, 1, S)
+                mr = m.expand(Hk, T, S).reshape(Hk * T, 1, S)
                 a = attention(qr, kr, vr, mr, scale, plan.attention)  # (Hk * T, g, 1, hd)
                 a = a.view(Hk, T, H // Hk, hd).transpose(1, 2).reshape(H, T, hd)
             x = x + linear(a.transpose(0, 1).reshape(T, H * hd), *L.o, plan.linear)  # (T, D)
@@ -424,11 +424,6 @@ class Target:
         """(R, D) normed final hidden -> (R, V) through the target's LM head, with the same
         row-invariant kernel as every other matmul."""
         return linear(h, self.lm_head.weight, self.lm_head.bias, self.plan.linear)
-
-    @staticmethod
-    def cached_kv(cache: KVCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Read-only views of one layer's committed keys and values, (1, Hk, L, hd), RoPE applied."""
-        return cache.layer(layer)
 
 
 def embedding_fingerprint(weight: torch.Tensor) -> str:

@@ -412,7 +412,7 @@ def run_bench(cfg: BenchConfig, methods: Sequence[Method], prompts: Sequence[Pro
     bar.close()
 
     names = [m.name for m in methods]
-    _compare_to_hf(records)
+    _compare_outputs(records)
     categories = list(dict.fromkeys(p.category for p in prompts))
     summaries = [summarize(records, name, cat) for cat in [ALL, *categories] for name in names]
     _add_speedups(summaries)
@@ -425,7 +425,7 @@ def run_bench(cfg: BenchConfig, methods: Sequence[Method], prompts: Sequence[Pro
                        best_k=max(timed)[1] if timed else None)
 
 
-def _compare_to_hf(records: list[Record]) -> None:
+def _compare_outputs(records: list[Record]) -> None:
     """Compare every record's tokens with hf's and with k0's first-rep output for the same prompt."""
     ref = {r.question_id: r.tokens for r in records if r.method == "hf" and r.rep == 0}
     plain = {r.question_id: r.tokens for r in records if r.method == "k0" and r.rep == 0}

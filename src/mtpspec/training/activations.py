@@ -71,7 +71,7 @@ def build_cache(target: Target, data_dir: str | Path, cache_dir: str | Path, hid
             ids = ids[:max_len]
             cache = target.new_cache()
             step = target.forward(ids[None].to(target.device), cache, hidden_layers)
-            keys, values = Target.cached_kv(cache, kv)  # (1, Hk, T, hd)
+            keys, values = cache.layer(kv)  # (1, Hk, T, hd)
             logp = step.logits[0].log_softmax(-1)  # (T, V)
             top = logp.topk(teacher_topk, dim=-1)
             tensors.update({
