@@ -1,19 +1,85 @@
 """The target adapter computes what the Hugging Face model computes: logits and hidden states
-match HF's forward on every family, whole or token by token against the cache."""
+match HF's forward on every family, whole or token by token against the cache; on the families
+with their own quirks, greedy output equals HF's greedy `generate` with and without drafts."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FAMILIES, tiny_model
+from conftest import COMMON, FAMILIES, OracleDrafter, hf_greedy, tiny_model
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GraniteConfig,
+    GraniteForCausalLM,
+    HeliumConfig,
+    HeliumForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
+)
 
 import mtpspec
-from mtpspec.core.target import rms_norm
+from mtpspec.core.target import SUPPORTED, rms_norm
+
+WINDOW = 8  # sliding window of the tiny interleaved-window configs; the greedy tests cross it
+# Families whose quirks go beyond conftest's (tested here, not in the heavier test_decode.py);
+# each config turns its quirks on with values that differ from the defaults a plain path assumes.
+QUIRKY = {
+    # norms on sublayer outputs only, q/k norms over all heads before the split
+    "olmo2": (Olmo2Config, Olmo2ForCausalLM, {}),
+    # embedding/residual multipliers, attention_multiplier as the scale, logits divided; biases
+    "granite": (GraniteConfig, GraniteForCausalLM, {
+        "embedding_multiplier": 2.0, "residual_multiplier": 0.7, "attention_multiplier": 0.3,
+        "logits_scaling": 3.0, "attention_bias": True, "mlp_bias": True}),
+    # interleaved RoPE pairs, norms computed in fp32 (w.float() * x)
+    "helium": (HeliumConfig, HeliumForCausalLM, {"head_dim": 8}),
+    # layer 1 has no RoPE and slides
+    "smollm3": (SmolLM3Config, SmolLM3ForCausalLM, {
+        "no_rope_layer_interval": 2, "use_sliding_window": True, "sliding_window": WINDOW}),
+    # scaled embeddings, (1 + w) sandwich norms, both soft-caps, query_pre_attn_scalar, GELU-tanh,
+    # sliding / full layers interleaved
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, {
+        "head_dim": 8, "query_pre_attn_scalar": 12, "sliding_window": WINDOW, "num_hidden_layers": 4,
+        "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+        "tie_word_embeddings": False, "initializer_range": 0.2}),  # tied, the scaled embedding repeats one token
+    # as Gemma 2 (no soft-caps) plus per-head q/k norms and a RoPE table per layer type (local base
+    # for sliding layers, linear scaling on the global one)
+    "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM, {
+        "head_dim": 8, "query_pre_attn_scalar": 12, "sliding_window": WINDOW, "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention", "full_attention"] * 2, "tie_word_embeddings": False,
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0}}}),
+}
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+def quirky_model(family: str, seed: int = 0, **overrides):
+    """A tiny random model of a QUIRKY family; every norm weight is perturbed too, so that a
+    norm read as w instead of 1 + w, or applied in the wrong place, changes the output."""
+    cfg_cls, model_cls, extra = QUIRKY[family]
+    torch.manual_seed(seed)
+    model = model_cls(cfg_cls(**{**COMMON, **extra, **overrides})).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+def any_model(family: str):
+    return quirky_model(family) if family in QUIRKY else tiny_model(family)
+
+
+def test_every_supported_family_is_tested():
+    assert set(SUPPORTED) == set(FAMILIES) | set(QUIRKY) | {"phi3"}  # phi3: test_phi3_fused_projections_...
+
+
+@pytest.mark.parametrize("family", list(FAMILIES) + list(QUIRKY))
 def test_forward_matches_hf(family):
-    model = tiny_model(family)
+    model = any_model(family)
     t = mtpspec.Target(model)
     ids = torch.randint(4, 97, (1, 20), generator=torch.Generator().manual_seed(0))
     ref = model(ids, output_hidden_states=True)
@@ -81,3 +147,105 @@ def test_phi3_fused_projections_equal_hf_greedy():
     for drafter, k in ((None, 0), (mtpspec.MTPHead.for_target(model), 3), (OracleDrafter(ref[0].tolist(), 97), 4)):
         out = mtpspec.generate(model, drafter, ids, max_new_tokens=30, num_draft_tokens=k, eos_token_id=[])
         assert torch.equal(out.sequences, ref), k
+
+
+@pytest.mark.parametrize("family", list(QUIRKY))
+def test_quirky_family_greedy_equals_hf(family):
+    """Greedy ids equal HF's greedy `generate` in fp32 without drafts, with a random head (chain
+    and tree) and with an oracle that exercises every rollback, past the sliding window."""
+    model = quirky_model(family)
+    ids = torch.randint(4, 97, (1, 15), generator=torch.Generator().manual_seed(3))
+    ref = hf_greedy(model, ids, 30, eos=[])
+    assert len(set(ref[0, 15:].tolist())) > 3  # a varied continuation, not one token repeated
+    head = mtpspec.MTPHead.for_target(model)
+    runs = [(None, 0, False), (head, 3, False), (head, 6, True), (OracleDrafter(ref[0].tolist(), 97), 4, False)]
+    for drafter, k, tree in runs:
+        out = mtpspec.generate(model, drafter, ids, max_new_tokens=30, num_draft_tokens=k, eos_token_id=[], tree=tree)
+        assert torch.equal(out.sequences, ref), (family, k, tree)
+
+
+@pytest.mark.parametrize("family", list(QUIRKY))
+def test_quirky_family_bf16_speculative_equals_plain_decoding(family):
+    """In bf16 the quirks (soft-capped scores through the chosen attention kernel, norms through
+    the model's modules, scales) keep each row's arithmetic its own: drafts of every length and
+    a tree never change a token of plain bf16 decoding, past the sliding window."""
+    model = quirky_model(family).to(torch.bfloat16)
+    assert mtpspec.Target(model).plan.row_invariant
+    ids = torch.randint(4, 97, (1, 13), generator=torch.Generator().manual_seed(5))
+    plain = mtpspec.generate(model, None, ids, max_new_tokens=40, num_draft_tokens=0, eos_token_id=[])
+    for k in (1, 3, 6):
+        oracle = OracleDrafter(plain.sequences[0].tolist(), vocab=97, seed=k)
+        out = mtpspec.generate(model, oracle, ids, max_new_tokens=40, num_draft_tokens=k, eos_token_id=[])
+        assert torch.equal(out.sequences, plain.sequences), (family, k)
+        assert out.stats.rounds < 39  # drafts were accepted, so rows really ran together
+    out = mtpspec.generate(model, mtpspec.MTPHead.for_target(model), ids, max_new_tokens=40, num_draft_tokens=6,
+                           eos_token_id=[], tree=True)
+    assert torch.equal(out.sequences, plain.sequences), (family, "tree")
+
+
+@pytest.mark.parametrize("family", ["gemma2", "smollm3"])
+def test_the_window_and_soft_caps_change_the_text(family):
+    """The quirks the greedy test relies on are live: without them HF's own text differs. (The
+    final soft-cap keeps the argmax; test_forward_matches_hf checks the capped logits.)"""
+    ids = torch.randint(4, 97, (1, 15), generator=torch.Generator().manual_seed(3))
+    ref = hf_greedy(quirky_model(family), ids, 30, eos=[])
+    if family == "gemma2":
+        for off in ({"sliding_window": 4096}, {"attn_logit_softcapping": None}):
+            assert not torch.equal(ref, hf_greedy(quirky_model(family, **off), ids, 30, eos=[])), off
+        t = mtpspec.Target(quirky_model(family))
+        capped = t.forward(ids, t.new_cache()).logits
+        uncapped = quirky_model(family, final_logit_softcapping=None)(ids).logits
+        assert capped.abs().max() < 3.0 < uncapped.abs().max()
+    else:
+        assert not torch.equal(ref, hf_greedy(quirky_model(family, use_sliding_window=False), ids, 30, eos=[]))
+
+
+def test_head_shares_the_targets_embedding_scale_and_logit_transform():
+    """The head embeds and projects exactly as the target does: its logits on the target's
+    final normed state equal the target's logits (Granite: multipliers; Gemma 2: soft-cap)."""
+    for family in ("granite", "gemma2"):
+        model = quirky_model(family)
+        t = mtpspec.Target(model)
+        head = mtpspec.MTPHead.for_target(t)
+        ids = torch.randint(4, 97, (1, 9), generator=torch.Generator().manual_seed(4))
+        ref = model(ids, output_hidden_states=True)
+        torch.testing.assert_close(t.embed_tokens(ids), ref.hidden_states[0], rtol=0, atol=0)
+        # hidden_states[-1] is HF's final normed state
+        torch.testing.assert_close(head.project(ref.hidden_states[-1]).float(), ref.logits, rtol=0, atol=1e-4)
+
+
+def test_bidirectional_attention_is_refused_with_the_reason():
+    model = quirky_model("gemma3_text", use_bidirectional_attention=True)
+    with pytest.raises(mtpspec.UnsupportedModelError, match="use_bidirectional_attention"):
+        mtpspec.Target(model)
+
+
+@pytest.mark.parametrize("family", ["helium", "smollm3", "gemma3_text"])
+def test_head_rotates_queries_as_its_kv_layer_rotated_the_keys(family):
+    """Whatever layer the head reads, its queries get that layer's RoPE as HF applies it to the
+    keys: Helium's interleaved pairs, no rotation in SmolLM3's NoPE layer, Gemma 3's table for
+    the layer's type."""
+    import importlib
+
+    from mtpspec import HeadConfig
+    from mtpspec.core.target import apply_rope
+
+    name = family.removesuffix("_text")
+    hf = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    model = quirky_model(family)
+    t = mtpspec.Target(model)
+    pos = torch.arange(5, 12)[None]  # (1, T)
+    x = torch.randn(1, t.num_heads, 7, t.head_dim, generator=torch.Generator().manual_seed(6))  # (1, H, T, hd)
+    for layer in range(t.num_layers):
+        head = mtpspec.MTPHead.for_target(t, HeadConfig(kv_layer=layer))
+        cos, sin = head.rope(pos, x)  # (1, T, hd)
+        ours = apply_rope(x, cos[:, None], sin[:, None], head.blocks[0].interleaved_rope)
+        if family == "gemma3_text":
+            table = model.model.rotary_emb(x, pos, model.config.layer_types[layer])
+        else:
+            table = model.model.rotary_emb(x, pos)
+        rotates = getattr(model.model.layers[layer].self_attn, "use_rope", True)
+        ref = hf.apply_rotary_pos_emb(x, x, *table)[0] if rotates else x
+        torch.testing.assert_close(ours, ref, rtol=0, atol=0)
+    if family == "smollm3":
+        assert not model.model.layers[1].self_attn.use_rope  # the NoPE case was exercised

@@ -14,6 +14,10 @@ for j = 0, the head's own output afterwards) and the token x at position L + j:
 
 The head never sees its own keys for the context: it reads the target's (already RoPE'd)
 keys and values in place, so it has no prefill and nothing that grows with the context.
+Everything it shares goes through the target's own methods, so it sees what the decoder stack
+sees: `embed_tokens` (Gemma's and Granite's embedding scales), `final_norm`, `finish_logits`
+(Granite's logits_scaling, Gemma 2's soft-cap) and `rope` (layer l's RoPE: its table, none in
+a NoPE layer, Helium's interleaved pairs).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from ..errors import HeadMismatchError, InputError
 from .draft import Draft, DraftInput
 from .kernels import linear
 from .sampling import probs_from_logits, sample
-from .target import Target, TargetIdentity, rotate_half
+from .target import Target, TargetIdentity, apply_rope
 
 CONFIG_NAME = "mtp_head.json"
 WEIGHTS_NAME = "mtp_head.safetensors"
@@ -83,9 +87,10 @@ def lin(layer: nn.Linear | torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 class CrossBlock(nn.Module):
     """Pre-norm block: cross-attention to the target's cached K/V, then a SwiGLU MLP."""
 
-    def __init__(self, D: int, H: int, hd: int, mlp_hidden: int, eps: float):
+    def __init__(self, D: int, H: int, hd: int, mlp_hidden: int, eps: float, interleaved_rope: bool = False):
         super().__init__()
         self.H, self.hd = H, hd
+        self.interleaved_rope = interleaved_rope  # rotate queries as the target rotated its keys
         self.norm_attn = RMSNorm(D, eps)
         self.q_proj = nn.Linear(D, H * hd, bias=False)
         self.o_proj = nn.Linear(H * hd, D, bias=False)
@@ -106,7 +111,7 @@ class CrossBlock(nn.Module):
     ) -> torch.Tensor:
         B, T, D = x.shape
         q = lin(self.q_proj, self.norm_attn(x)).view(B, T, self.H, self.hd).transpose(1, 2)  # (B, H, T, hd)
-        q = q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
+        q = apply_rope(q, cos.unsqueeze(1), sin.unsqueeze(1), self.interleaved_rope)
         a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # (B, H, T, hd)
         x = x + lin(self.o_proj, a.transpose(1, 2).reshape(B, T, self.H * self.hd))  # (B, T, D)
         if self.mlp_hidden:
@@ -138,7 +143,8 @@ class MTPHead(nn.Module):
         self.fc = nn.Linear(2 * D, D, bias=False)
         mlp_hidden = int(round(config.mlp_ratio * D))
         self.blocks = nn.ModuleList(
-            CrossBlock(D, target.num_heads, target.head_dim, mlp_hidden, eps) for _ in range(config.num_blocks)
+            CrossBlock(D, target.num_heads, target.head_dim, mlp_hidden, eps, target.interleaved_rope)
+            for _ in range(config.num_blocks)
         )
         self._init_weights()
         # Reduced draft vocabulary: ids (saved with the head) and the rows of the target's LM
@@ -226,14 +232,15 @@ class MTPHead(nn.Module):
 
     # -- the model --------------------------------------------------------------------------
     def rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The target's rotary cos/sin at (B, T) positions, in the head's dtype."""
-        cos, sin = self.target.rotary_emb(like, position_ids=positions)  # (B, T, hd) each
+        """The rotary cos/sin the target's layer kv_layer gave its keys, at (B, T) positions, in
+        the head's dtype."""
+        cos, sin = self.target.rope(positions, like, self.kv_layer)  # (B, T, hd) each
         return cos.to(like.dtype), sin.to(like.dtype)
 
     def step(self, state: torch.Tensor, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """One draft step for T positions at once: (B, T, D) state, (B, T) tokens -> (B, T, D)."""
-        e = self.target.embed(tokens)  # (B, T, D)
+        e = self.target.embed_tokens(tokens)  # (B, T, D)
         x = lin(self.fc, torch.cat([self.norm_state(state), self.norm_embed(e)], dim=-1))  # (B, T, D)
         for block in self.blocks:
             x = block(x, cos, sin, keys, values, mask)
@@ -244,9 +251,10 @@ class MTPHead(nn.Module):
         return self.project(self.target.final_norm(state))
 
     def project(self, normed: torch.Tensor) -> torch.Tensor:
-        """The target's LM head (or its draft-vocabulary rows) on an already-normed state."""
+        """The target's LM head (or its draft-vocabulary rows) on an already-normed state, then
+        the target's own logit scaling and soft-cap."""
         w = self.target.lm_head.weight if self.draft_weight is None else self.draft_weight
-        return lin(w, normed)
+        return self.target.finish_logits(lin(w, normed))
 
     def initial_state(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, T, F) target features -> (B, T, D) the state before the first draft step."""

@@ -21,6 +21,9 @@ Candidates:
   with fp32 scores, rows stacked along the GEMM's M dimension ("manual"); the same with the
   cache as the GEMM's left operand and the rows as its N dimension ("kqt": K q^T, V^T P^T),
   the layout that kept rows bit-identical for every cache size tried here.
+  A model whose attention scores are soft-capped (Gemma 2: cap * tanh(scores / cap)) chooses
+  between "manual" and "kqt" only: the fused kernel has no step between the scores and the
+  softmax.
 """
 
 from __future__ import annotations
@@ -77,19 +80,25 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, kind: str) 
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-              kind: str) -> torch.Tensor:
+              kind: str, softcap: float | None = None) -> torch.Tensor:
     """q (B, H, R, hd), k/v (B, Hk, S, hd), mask (R, S) or (B, R, S) bool (True = may attend)
     -> (B, H, R, hd). A batch of B is B independent problems of the same shape: the decode loop
-    uses B > 1 for draft trees, one row per batch element (see `Target.forward`)."""
+    uses B > 1 for draft trees, one row per batch element (see `Target.forward`).
+    softcap: scaled scores become softcap * tanh(scores / softcap) before the mask, as Gemma 2
+    computes them (elementwise: each row stays its own); "sdpa" has no such step and refuses it."""
     B, H, R, hd = q.shape
     Hk, S = k.shape[1], k.shape[2]
     m = mask if mask.dim() == 2 else mask[:, None]  # (R, S) or (B, 1, R, S): broadcast over heads
     if kind == "sdpa":
+        if softcap is not None:
+            raise ValueError("the fused attention kernel cannot soft-cap scores; use 'manual' or 'kqt'")
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale, enable_gqa=Hk != H)
     g = H // Hk  # query heads per key/value head
     qg = q.reshape(B, Hk, g * R, hd)  # (B, Hk, gR, hd): heads of a group share their keys
     if kind == "manual":
         s = (qg @ k.transpose(-1, -2)).float().view(B, H, R, S) * scale  # (B, H, R, S)
+        if softcap is not None:
+            s = torch.tanh(s / softcap) * softcap
         p = s.masked_fill(~m, float("-inf")).softmax(-1).to(v.dtype)
         return (p.view(B, Hk, g * R, S) @ v).view(B, H, R, hd)
     n = g * R  # "kqt": query rows are the GEMM's N columns, at least two (see `linear`)
@@ -97,6 +106,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         qg = torch.cat([qg, qg], 2)
     s = (k @ qg.transpose(-1, -2))[..., :n]  # (B, Hk, S, gR)
     s = s.transpose(-1, -2).contiguous().float().view(B, H, R, S) * scale  # (B, H, R, S)
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
     p = s.masked_fill(~m, float("-inf")).softmax(-1).to(v.dtype).view(B, Hk, n, S)
     if n == 1:
         p = torch.cat([p, p], 2)
@@ -140,7 +151,8 @@ def _check_linear(kind: str, dtype: torch.dtype, shapes: dict[tuple[int, int], i
     return ok, cost
 
 
-def _check_attention(kind: str, dtype: torch.dtype, H: int, Hk: int, hd: int, S: int = 320) -> tuple[bool, float]:
+def _check_attention(kind: str, dtype: torch.dtype, H: int, Hk: int, hd: int, S: int = 320,
+                     softcap: float | None = None) -> tuple[bool, float]:
     g = torch.Generator().manual_seed(1)
     k = torch.randn(1, Hk, S, hd, generator=g).to(dtype)
     v = torch.randn(1, Hk, S, hd, generator=g).to(dtype)
@@ -149,7 +161,7 @@ def _check_attention(kind: str, dtype: torch.dtype, H: int, Hk: int, hd: int, S:
     mask = torch.arange(S)[None, :] <= torch.arange(L, L + R_MAX)[:, None]  # (R, S)
 
     def rows(idx: slice) -> torch.Tensor:
-        return attention(q[:, :, idx], k, v, mask[idx], hd**-0.5, kind)[0].transpose(0, 1)  # (R, H, hd)
+        return attention(q[:, :, idx], k, v, mask[idx], hd**-0.5, kind, softcap)[0].transpose(0, 1)  # (R, H, hd)
 
     alone = [rows(slice(i, i + 1)) for i in range(R_MAX)]
     ok = True
@@ -177,12 +189,14 @@ def _cpu_model() -> str:
 
 
 def choose_plan(dtype: torch.dtype, linear_shapes: dict[tuple[int, int], int], heads: tuple[int, int, int],
-                num_layers: int = 1, use_cache: bool = True) -> KernelPlan:
+                num_layers: int = 1, use_cache: bool = True, softcap: float | None = None) -> KernelPlan:
     """The fastest row-invariant kernels on this machine for weights of these (out, in) shapes
     (each used that many times per forward) and attention with (H, Hk, hd) heads in each of
-    `num_layers` layers. Takes several seconds the first time; later calls read the cached choice."""
+    `num_layers` layers, its scores soft-capped at `softcap` if given. Takes several seconds the
+    first time; later calls read the cached choice."""
     H, Hk, hd = heads
-    key = f"{sorted(linear_shapes.items())}|{heads}|{num_layers}"
+    key = f"{sorted(linear_shapes.items())}|{heads}|{num_layers}" + ("" if softcap is None else f"|softcap={softcap}")
+    kinds = tuple(k for k in ATTENTION_KINDS if softcap is None or k != "sdpa")
     path = _cache_file(dtype, key)
     if use_cache and path.is_file():
         try:
@@ -191,14 +205,14 @@ def choose_plan(dtype: torch.dtype, linear_shapes: dict[tuple[int, int], int], h
             pass  # a stale or corrupt cache file: measure again
     lin = {kind: _check_linear(kind, dtype, linear_shapes) for kind in LINEAR_KINDS}
     att = {}
-    for kind in ATTENTION_KINDS:
-        checks = [_check_attention(kind, dtype, H, Hk, hd, S) for S in CHECK_SLOTS]
+    for kind in kinds:
+        checks = [_check_attention(kind, dtype, H, Hk, hd, S, softcap) for S in CHECK_SLOTS]
         att[kind] = (all(ok for ok, _ in checks), num_layers * sum(cost for _, cost in checks))
     good_lin = [k for k, (ok, _) in lin.items() if ok]
     good_att = [k for k, (ok, _) in att.items() if ok]
     plan = KernelPlan(
         linear=min(good_lin or LINEAR_KINDS, key=lambda k: lin[k][1]),
-        attention=min(good_att or ATTENTION_KINDS, key=lambda k: att[k][1]),
+        attention=min(good_att or kinds, key=lambda k: att[k][1]),
         row_invariant=bool(good_lin and good_att),
     )
     if use_cache:

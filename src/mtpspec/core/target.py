@@ -15,17 +15,37 @@ its decoder stack itself, against a static KV cache indexed by slot:
   one-token passes, in bf16 as in fp32;
 - one call per op, no module dispatch, no mask objects, no hidden-state tuples.
 
-Every family supported here is a pre-norm decoder with RoPE'd cached keys and the same module
-names (`model.embed_tokens`, `model.layers[i].self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`,
-`input_layernorm`, `post_attention_layernorm`, `model.norm`, `model.rotary_emb`, `lm_head`);
-family quirks (Qwen2's q/k/v biases, Qwen3's per-head q/k norms) are read off the modules.
-A family that differs in more than that gets its own adapter here, or is refused.
+Every family supported here is a decoder with the same module names (`model.embed_tokens`,
+`model.layers[i].self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`, `model.norm`,
+`model.rotary_emb`, `lm_head`). Family quirks are read off the modules and the config, each
+in one place below:
+
+- where the norms sit (`_read_layer`): before each sublayer (Llama: `input_layernorm`,
+  `post_attention_layernorm`), on each sublayer's output only (OLMo 2: `post_attention_layernorm`,
+  `post_feedforward_layernorm`), or both (Gemma 2/3: four per layer); Llama-style RMSNorms run
+  as one fused call, every other norm (OLMo 2's, Helium's, Gemma's 1 + weight) through the
+  model's own module;
+- q/k norms per head (Qwen3, Gemma 3) or over all heads before the split (OLMo 2); q/k/v and
+  MLP biases; the attention scale the module itself uses (`self_attn.scaling`: Granite's
+  attention_multiplier, Gemma's query_pre_attn_scalar);
+- RoPE: one table, one per layer type (Gemma 3's local/global bases), none in some layers
+  (SmolLM3's NoPE layers), rotating halves or interleaved pairs (Helium);
+- scales and caps: the embedding scale (Gemma's sqrt(D) lives in its embedding module,
+  Granite's embedding_multiplier here), Granite's residual_multiplier and logits_scaling,
+  Gemma 2's attention and final logit soft-caps;
+- sliding windows per layer (`_sliding_windows`).
+
+The head shares the embedding, final norm and LM head through `embed_tokens`, `final_norm`,
+`finish_logits` and `rope`, so it sees exactly what the decoder stack sees. A family that
+differs in more than the above gets its own adapter here, or is refused.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +55,19 @@ from transformers import PreTrainedModel
 from ..errors import InputError, UnsupportedModelError
 from .kernels import KernelPlan, attention, choose_plan, linear
 
-# model_type -> human name. All four run the same code path (pre-norm decoder, RoPE on the
-# cached keys, GQA); verified by tests/test_decode.py on tiny random configs of each.
-SUPPORTED = {"llama": "Llama / SmolLM2", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "phi3": "Phi-3"}
+# model_type -> human name. All run the one code path in `Target.forward`, their quirks read
+# off the modules (see the module docstring); each is checked against HF's forward and greedy
+# `generate` by tests/test_target.py on tiny random configs.
+SUPPORTED = {
+    "llama": "Llama / SmolLM2", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "phi3": "Phi-3",
+    "olmo2": "OLMo 2", "granite": "Granite", "helium": "Helium", "smollm3": "SmolLM3", "gemma2": "Gemma 2",
+    "gemma3_text": "Gemma 3 (text)",
+}
+# Families whose RMSNorm is w * normalize(x).to(dtype), run as one fused call (`rms_norm`);
+# the others' norms differ in where they cast or in (1 + w), and run through their own module.
+_LLAMA_NORM = {"llama", "qwen2", "qwen3", "mistral", "phi3", "granite", "smollm3"}
+# Families that rotate interleaved pairs (0, 1), (2, 3), ... instead of the two halves of a head.
+_INTERLEAVED_ROPE = {"helium"}
 SLOT_ALIGN = 64  # cache capacity is a multiple of this: fewer distinct attention lengths
 
 
@@ -111,23 +141,30 @@ class KVCache:
         self.keep(length, [])
 
 
+Norm = Callable[[torch.Tensor], torch.Tensor]
+Weights = tuple[torch.Tensor, torch.Tensor | None]  # (weight, bias)
+
+
 @dataclass(frozen=True)
 class _Layer:
-    """References to one decoder layer's weights (no copies)."""
+    """References to one decoder layer's weights and norms (no copies)."""
 
-    ln1: torch.Tensor
-    ln1_eps: float
-    q: tuple[torch.Tensor, torch.Tensor | None]
-    k: tuple[torch.Tensor, torch.Tensor | None]
-    v: tuple[torch.Tensor, torch.Tensor | None]
-    o: tuple[torch.Tensor, torch.Tensor | None]
+    attn_in: Norm | None  # before attention (None: OLMo 2 normalizes outputs only)
+    attn_out: Norm | None  # on attention's output, before the residual add (OLMo 2, Gemma)
+    mlp_in: Norm | None
+    mlp_out: Norm | None
+    q: Weights
+    k: Weights
+    v: Weights
+    o: Weights
     q_norm: nn.Module | None
     k_norm: nn.Module | None
-    ln2: torch.Tensor
-    ln2_eps: float
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
+    qk_norm_whole: bool  # q/k norms over all heads at once, before the head split (OLMo 2)
+    scale: float  # attention scores are q.k * scale
+    rope: str | None  # which rotary table ("" = the model's only one); None = no RoPE here
+    gate: Weights
+    up: Weights
+    down: Weights
     act: nn.Module
 
 
@@ -149,12 +186,16 @@ def _wb(lin: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     return lin.weight, lin.bias
 
 
+def _float_or_none(x: object) -> float | None:
+    return None if x is None else float(x)  # type: ignore[arg-type]
+
+
 def _eps(norm: nn.Module) -> float:
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """As the supported families compute it (x * rsqrt(mean(x^2) + eps) in fp32, cast back,
+    """As Llama-style families compute it (x * rsqrt(mean(x^2) + eps) in fp32, cast back,
     then scale), in one call instead of six; bit-identical on the CPU (tests/test_target.py)."""
     return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
@@ -162,6 +203,39 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """x (..., T, hd) rotated by the (..., T, hd) tables HF's rotary module returns, as HF's
+    `apply_rotary_pos_emb` computes it, in x's dtype (OLMo 2's tables are fp32: the product is
+    taken in fp32 and cast back). interleaved: Helium rotates pairs (0, 1), (2, 3), ..., by
+    the first half of the table, each entry repeated twice."""
+    if interleaved:
+        half = cos.shape[-1] // 2
+        cos, sin = cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1)
+        rot = torch.stack((-x[..., 1::2], x[..., 0::2]), -1).flatten(-2)
+    else:
+        rot = rotate_half(x)
+    return (x * cos + rot * sin).to(x.dtype)
+
+
+def _rope_parameters(cfg: object) -> list[dict]:
+    """The config's RoPE parameters: one dict, or one per layer type (Gemma 3)."""
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if not isinstance(rope, dict):
+        return []
+    nested = [v for v in rope.values() if isinstance(v, dict)]
+    return nested if nested and len(nested) == len(rope) else [rope]
+
+
+def _rope_tables_per_layer(cfg: object) -> list[str] | None:
+    """Gemma 3 keeps one RoPE table per layer type (a local base for sliding layers, a global
+    one for full attention; `rope_parameters` is keyed by the layer types): each layer's table,
+    or None for a model with one table."""
+    rope, types = getattr(cfg, "rope_parameters", None), list(getattr(cfg, "layer_types", None) or [])
+    if isinstance(rope, dict) and types and all(isinstance(rope.get(t), dict) for t in types):
+        return types
+    return None
 
 
 class Target:
@@ -178,10 +252,12 @@ class Target:
                 f"mtpspec does not support the architecture {arch!r} (model_type={model_type!r}). "
                 f"Supported: {', '.join(f'{v} ({k})' for k, v in SUPPORTED.items())}."
             )
-        rope = getattr(cfg, "rope_parameters", None) or {}
-        if float(rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0) != 1.0:
+        if any(float(r.get("partial_rotary_factor", 1.0)) != 1.0 for r in _rope_parameters(cfg)):
             raise UnsupportedModelError(f"{model_type} with partial rotary embeddings (partial_rotary_factor < 1) is not "
                                         "supported: the adapter rotates whole heads.")
+        if getattr(cfg, "use_bidirectional_attention", False):
+            raise UnsupportedModelError(f"{model_type} with use_bidirectional_attention=True is not supported: tokens "
+                                        "attend to later tokens, so the model cannot decode one token at a time.")
         for path in ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head"):
             obj = model
             for part in path.split("."):
@@ -193,13 +269,41 @@ class Target:
         self.model = model
         self.config = cfg
         self.model_type: str = model_type
-        self._layers = [self._read_layer(layer) for layer in model.model.layers]
+        self.interleaved_rope = model_type in _INTERLEAVED_ROPE
+        self._rope_tables = _rope_tables_per_layer(cfg)
+        self._layers = [self._read_layer(i, layer) for i, layer in enumerate(model.model.layers)]
         self.windows = _sliding_windows(cfg, model_type)
+        # Elementwise scales and caps (1.0 / None = absent): Granite's multipliers, Gemma 2's caps.
+        self.embedding_multiplier = float(getattr(cfg, "embedding_multiplier", None) or 1.0)
+        self.residual_multiplier = float(getattr(cfg, "residual_multiplier", None) or 1.0)
+        self.logits_scaling = float(getattr(cfg, "logits_scaling", None) or 1.0)
+        self.attn_softcap = _float_or_none(getattr(cfg, "attn_logit_softcapping", None))
+        self.final_softcap = _float_or_none(getattr(cfg, "final_logit_softcapping", None))
         self._plans: dict[torch.dtype, KernelPlan] = {} if plan is None else {self.dtype: plan}
 
-    def _read_layer(self, layer: nn.Module) -> _Layer:
+    def _norm(self, module: nn.Module) -> Norm:
+        """A Llama-style RMSNorm as one fused call; any other norm through its own module."""
+        if self.model_type in _LLAMA_NORM:
+            return partial(rms_norm, w=module.weight, eps=_eps(module))
+        return module
+
+    def _read_layer(self, i: int, layer: nn.Module) -> _Layer:
         a, m = layer.self_attn, layer.mlp
         name = type(self.model).__name__
+        norms = {n: getattr(layer, n, None) for n in ("input_layernorm", "post_attention_layernorm",
+                                                       "pre_feedforward_layernorm", "post_feedforward_layernorm")}
+        if norms["pre_feedforward_layernorm"] is not None:  # Gemma 2/3: a norm before and after each sublayer
+            attn_in, attn_out = norms["input_layernorm"], norms["post_attention_layernorm"]
+            mlp_in, mlp_out = norms["pre_feedforward_layernorm"], norms["post_feedforward_layernorm"]
+        elif norms["post_feedforward_layernorm"] is not None:  # OLMo 2: each sublayer's output only
+            attn_in, attn_out, mlp_in, mlp_out = None, norms["post_attention_layernorm"], None, norms["post_feedforward_layernorm"]
+            if norms["input_layernorm"] is not None or attn_out is None:
+                raise UnsupportedModelError(f"{name}: a layer with post-sublayer norms and an input norm is not supported.")
+        else:  # pre-norm: post_attention_layernorm is the MLP's input norm
+            attn_in, attn_out, mlp_in, mlp_out = norms["input_layernorm"], None, norms["post_attention_layernorm"], None
+            if attn_in is None or mlp_in is None:
+                raise UnsupportedModelError(f"{name}: a decoder layer without input_layernorm and "
+                                            "post_attention_layernorm is not supported.")
         if isinstance(getattr(a, "qkv_proj", None), nn.Linear):  # Phi-3: q, k, v fused; row views, no copy
             if a.qkv_proj.bias is not None:
                 raise UnsupportedModelError(f"{name}: a fused qkv projection with a bias is not supported.")
@@ -211,19 +315,29 @@ class Target:
                     raise UnsupportedModelError(f"{name}: attention has no linear `{proj}`.")
             q, k, v = _wb(a.q_proj), _wb(a.k_proj), _wb(a.v_proj)
         if isinstance(getattr(m, "gate_up_proj", None), nn.Linear):  # Phi-3: gate and up fused
+            if m.gate_up_proj.bias is not None:
+                raise UnsupportedModelError(f"{name}: a fused gate/up projection with a bias is not supported.")
             gu, M = m.gate_up_proj.weight, m.gate_up_proj.weight.shape[0] // 2
-            gate, up, act = gu[:M], gu[M:], m.activation_fn
+            gate, up, act = (gu[:M], None), (gu[M:], None), m.activation_fn
         else:
-            gate, up, act = m.gate_proj.weight, m.up_proj.weight, m.act_fn
-        for lin in (getattr(m, "gate_proj", None), getattr(m, "up_proj", None), getattr(m, "gate_up_proj", None), m.down_proj):
-            if getattr(lin, "bias", None) is not None:
-                raise UnsupportedModelError(f"{name}: an MLP projection with a bias is not supported.")
+            gate, up, act = _wb(m.gate_proj), _wb(m.up_proj), m.act_fn
+        q_norm, k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+        if (q_norm is None) != (k_norm is None):
+            raise UnsupportedModelError(f"{name}: a q norm without a k norm (or the reverse) is not supported.")
+        # OLMo 2 normalizes the whole projected q (H * hd) and k (Hk * hd); Qwen3 and Gemma 3 each head (hd)
+        whole = q_norm is not None and q_norm.weight.shape[-1] == self.num_heads * self.head_dim != self.head_dim
+        if self._rope_tables is not None:
+            rope: str | None = self._rope_tables[i]
+        else:
+            rope = "" if getattr(a, "use_rope", True) else None  # SmolLM3: some layers have no RoPE
         return _Layer(
-            ln1=layer.input_layernorm.weight, ln1_eps=_eps(layer.input_layernorm),
-            q=q, k=k, v=v, o=_wb(a.o_proj),
-            q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None),
-            ln2=layer.post_attention_layernorm.weight, ln2_eps=_eps(layer.post_attention_layernorm),
-            gate=gate, up=up, down=m.down_proj.weight, act=act,
+            attn_in=None if attn_in is None else self._norm(attn_in),
+            attn_out=None if attn_out is None else self._norm(attn_out),
+            mlp_in=None if mlp_in is None else self._norm(mlp_in),
+            mlp_out=None if mlp_out is None else self._norm(mlp_out),
+            q=q, k=k, v=v, o=_wb(a.o_proj), q_norm=q_norm, k_norm=k_norm, qk_norm_whole=whole,
+            scale=float(getattr(a, "scaling", None) or self.head_dim**-0.5), rope=rope,
+            gate=gate, up=up, down=_wb(m.down_proj), act=act,
         )
 
     # -- the pieces the head shares by reference ------------------------------------------
@@ -242,6 +356,37 @@ class Target:
     @property
     def rotary_emb(self) -> nn.Module:
         return self.model.model.rotary_emb
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """(..., T) ids -> (..., T, D) the decoder stack's input: the embedding module (Gemma's
+        sqrt(D) scale lives inside it) times Granite's embedding_multiplier."""
+        e = self.embed(ids)
+        return e if self.embedding_multiplier == 1.0 else e * self.embedding_multiplier
+
+    def finish_logits(self, z: torch.Tensor) -> torch.Tensor:
+        """Raw LM-head outputs (..., V) -> the model's logits: divided by Granite's
+        logits_scaling, soft-capped as Gemma 2 does (cap * tanh(z / cap)); elementwise."""
+        if self.logits_scaling != 1.0:
+            z = z / self.logits_scaling
+        if self.final_softcap is not None:
+            z = torch.tanh(z / self.final_softcap) * self.final_softcap
+        return z
+
+    def _rope_table(self, key: str, like: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """HF's rotary (cos, sin) at (B, T) positions, (B, T, hd) each, from table `key`."""
+        if key:  # Gemma 3: one table per layer type
+            return self.rotary_emb(like, positions, key)
+        return self.rotary_emb(like, position_ids=positions)
+
+    def rope(self, positions: torch.Tensor, like: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary (cos, sin), (B, T, hd) each, that layer `layer` applies to its keys at (B, T)
+        positions (cos = 1, sin = 0 in a layer without RoPE); rotate with `apply_rope(x, cos, sin,
+        target.interleaved_rope)`."""
+        key = self._layers[self.layer_index(layer)].rope
+        if key is None:
+            ones = like.new_ones(*positions.shape, self.head_dim)
+            return ones, torch.zeros_like(ones)
+        return self._rope_table(key, like, positions)
 
     @property
     def hidden_size(self) -> int:
@@ -286,13 +431,13 @@ class Target:
         if self.dtype not in self._plans:  # keyed by dtype: the model may be cast after wrapping
             L = self._layers[0]
             uses: dict[tuple[int, int], int] = {}
-            for w in (L.q[0], L.k[0], L.v[0], L.o[0], L.gate, L.up, L.down):
+            for w in (L.q[0], L.k[0], L.v[0], L.o[0], L.gate[0], L.up[0], L.down[0]):
                 shape = (int(w.shape[0]), int(w.shape[1]))
                 uses[shape] = uses.get(shape, 0) + self.num_layers
             head_shape = (self.vocab_size, self.hidden_size)
             uses[head_shape] = uses.get(head_shape, 0) + 1
             heads = (self.num_heads, self.num_kv_heads, self.head_dim)
-            self._plans[self.dtype] = choose_plan(self.dtype, uses, heads, self.num_layers)
+            self._plans[self.dtype] = choose_plan(self.dtype, uses, heads, self.num_layers, softcap=self.attn_softcap)
         return self._plans[self.dtype]
 
     def layer_index(self, i: int) -> int:
@@ -375,11 +520,13 @@ class Target:
         masks = {w: mask if w is None else mask & (slots[None, :] > positions[:, None] - w) for w in set(self.windows)}
         plan = self.plan
         H, Hk, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        scale = hd**-0.5
+        rm, cap = self.residual_multiplier, self.attn_softcap
 
-        x = self.embed(input_ids)[0]  # (T, D)
-        cos, sin = self.rotary_emb(x, position_ids=positions[None])  # (1, T, hd) each
-        cos, sin = cos.to(x.dtype)[:, None], sin.to(x.dtype)[:, None]  # (1, 1, T, hd)
+        x = self.embed_tokens(input_ids)[0]  # (T, D)
+        ropes = {}  # rotary table -> (cos, sin), (1, 1, T, hd) each
+        for key in {L.rope for L in self._layers if L.rope is not None}:
+            cos, sin = self._rope_table(key, x, positions[None])  # (1, T, hd) each
+            ropes[key] = cos[:, None], sin[:, None]
         n_feat = self.num_layers + 1
         want = {i % n_feat for i in hidden_layers}
         feats: dict[int, torch.Tensor] = {}
@@ -387,32 +534,42 @@ class Target:
             if i in want:
                 feats[i] = x
             # attention
-            h = rms_norm(x, L.ln1, L.ln1_eps)  # (T, D)
-            q = linear(h, *L.q, plan.linear).view(T, H, hd)
-            k = linear(h, *L.k, plan.linear).view(T, Hk, hd)
+            h = x if L.attn_in is None else L.attn_in(x)  # (T, D)
+            q = linear(h, *L.q, plan.linear)  # (T, H * hd)
+            k = linear(h, *L.k, plan.linear)  # (T, Hk * hd)
             v = linear(h, *L.v, plan.linear).view(T, Hk, hd)
-            if L.q_norm is not None:
+            if L.qk_norm_whole:
+                q, k = L.q_norm(q), L.k_norm(k)  # type: ignore[misc]
+            q, k = q.view(T, H, hd), k.view(T, Hk, hd)
+            if L.q_norm is not None and not L.qk_norm_whole:
                 q, k = L.q_norm(q), L.k_norm(k)  # type: ignore[misc]
             qk = torch.cat([q, k], 1).transpose(0, 1)[None]  # (1, H + Hk, T, hd): one RoPE for both
-            qk = qk * cos + rotate_half(qk) * sin
+            if L.rope is not None:
+                qk = apply_rope(qk, *ropes[L.rope], self.interleaved_rope)
             q, k = qk[:, :H], qk[:, H:]  # (1, H, T, hd), (1, Hk, T, hd)
             cache.keys[i, :, start:start + T] = k[0]
             cache.values[i, :, start:start + T] = v.transpose(0, 1)
             m = masks[self.windows[i]]  # (T, S)
             if gather is None:
-                a = attention(q, cache.keys[i][None], cache.values[i][None], m, scale, plan.attention)[0]  # (H, T, hd)
+                a = attention(q, cache.keys[i][None], cache.values[i][None], m, L.scale, plan.attention, cap)[0]  # (H, T, hd)
             else:  # one batch element per (kv head, row): the shapes of a one-row pass, Hk * T times
                 kr = cache.keys[i][:, gather].view(Hk * T, 1, S, hd)  # gathered: (Hk, T, S, hd)
                 vr = cache.values[i][:, gather].view(Hk * T, 1, S, hd)
                 qr = q[0].view(Hk, H // Hk, T, hd).transpose(1, 2).reshape(Hk * T, H // Hk, 1, hd)
                 mr = m.expand(Hk, T, S).reshape(Hk * T, 1, S)
-                a = attention(qr, kr, vr, mr, scale, plan.attention)  # (Hk * T, g, 1, hd)
+                a = attention(qr, kr, vr, mr, L.scale, plan.attention, cap)  # (Hk * T, g, 1, hd)
                 a = a.view(Hk, T, H // Hk, hd).transpose(1, 2).reshape(H, T, hd)
-            x = x + linear(a.transpose(0, 1).reshape(T, H * hd), *L.o, plan.linear)  # (T, D)
+            out = linear(a.transpose(0, 1).reshape(T, H * hd), *L.o, plan.linear)  # (T, D)
+            if L.attn_out is not None:
+                out = L.attn_out(out)
+            x = x + (out if rm == 1.0 else out * rm)
             # MLP
-            h = rms_norm(x, L.ln2, L.ln2_eps)
-            g = L.act(linear(h, L.gate, None, plan.linear)) * linear(h, L.up, None, plan.linear)  # (T, M)
-            x = x + linear(g, L.down, None, plan.linear)  # (T, D)
+            h = x if L.mlp_in is None else L.mlp_in(x)
+            g = L.act(linear(h, *L.gate, plan.linear)) * linear(h, *L.up, plan.linear)  # (T, M)
+            out = linear(g, *L.down, plan.linear)  # (T, D)
+            if L.mlp_out is not None:
+                out = L.mlp_out(out)
+            x = x + (out if rm == 1.0 else out * rm)
         x = self.final_norm(x)  # (T, D)
         feats[self.num_layers] = x
         cache.length = start + T
@@ -421,9 +578,9 @@ class Target:
         return TargetStep(logits=self.lm_logits(keep)[None].float(), hidden=hidden)
 
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """(R, D) normed final hidden -> (R, V) through the target's LM head, with the same
-        row-invariant kernel as every other matmul."""
-        return linear(h, self.lm_head.weight, self.lm_head.bias, self.plan.linear)
+        """(R, D) normed final hidden -> (R, V) the model's logits: the target's LM head, with
+        the same row-invariant kernel as every other matmul, then `finish_logits`."""
+        return self.finish_logits(linear(h, self.lm_head.weight, self.lm_head.bias, self.plan.linear))
 
 
 def embedding_fingerprint(weight: torch.Tensor) -> str:
