@@ -1,5 +1,6 @@
 """Tree, prompt-lookup and hybrid drafters: well-formed trees, the lookup rule on hand-made
-texts, and greedy output identical to HF greedy whatever they propose."""
+texts, greedy output identical to HF greedy whatever they propose, and sampling with each of
+them (its exactness is tested in test_sampling.py and test_verify.py)."""
 
 from __future__ import annotations
 
@@ -70,11 +71,28 @@ def test_hybrid_merges_the_lookup_branch_into_the_tree():
     assert len(pairs) == len(set(pairs)) == 8  # no (parent, token) twice
 
 
-def test_trees_refuse_sampling_and_tree_needs_a_head():
+def test_tree_needs_a_head():
     model = tiny_model("llama")
     ids = torch.tensor([[5, 6, 7, 5, 6]])
-    head = mtpspec.MTPHead.for_target(model)
-    with pytest.raises(mtpspec.InputError, match="greedy"):
-        mtpspec.generate(model, head, ids, max_new_tokens=8, num_draft_tokens=4, tree=True, temperature=1.0, seed=0)
     with pytest.raises(mtpspec.InputError, match="MTPHead"):
         mtpspec.generate(model, LookupDrafter(), ids, max_new_tokens=8, num_draft_tokens=4, tree=True)
+
+
+def test_sampled_trees_run_and_greedy_trees_stay_plain():
+    model = tiny_model("llama")
+    head = mtpspec.MTPHead.for_target(model)
+    base = torch.randint(4, 97, (1, 12), generator=torch.Generator().manual_seed(5))
+    ids = torch.cat([base, base], 1)
+    plain = mtpspec.generate(model, None, ids, max_new_tokens=24, num_draft_tokens=0, eos_token_id=[])
+    tree = mtpspec.generate(model, head, ids, max_new_tokens=24, num_draft_tokens=8, eos_token_id=[], tree=True)
+    assert torch.equal(tree.sequences, plain.sequences)
+    sampling = dict(max_new_tokens=24, num_draft_tokens=8, eos_token_id=[], temperature=0.8, top_k=20, top_p=0.95)
+    first = mtpspec.generate(model, head, ids, tree=True, seed=1, **sampling)
+    assert first.sequences.shape == (1, ids.shape[1] + 24) and first.stats.rounds > 0
+    assert torch.equal(first.sequences, mtpspec.generate(model, head, ids, tree=True, seed=1, **sampling).sequences)
+    others = {tuple(mtpspec.generate(model, head, ids, tree=True, seed=s, **sampling).sequences[0].tolist())
+              for s in range(2, 5)}
+    assert len(others | {tuple(first.sequences[0].tolist())}) > 1  # the seed matters
+    for drafter in (HybridDrafter(head, lookup_tokens=3), LookupDrafter()):
+        out = mtpspec.generate(model, drafter, ids, seed=1, **sampling)
+        assert out.sequences.shape == first.sequences.shape, type(drafter).__name__

@@ -1,8 +1,10 @@
 """Sampled decoding is lossless: `generate` with a drafter whose q differs from the target's p
 emits continuations distributed exactly as the target's own sampling with the same
 temperature / top-k / top-p. Checked against the exact law of every continuation of a
-tiny-vocabulary target (chi-square), with a misreporting drafter that the same check rejects.
-Also: seeds are reproducible, the global RNG is left alone, and `probs_from_logits` is HF's.
+tiny-vocabulary target (chi-square), with a misreporting drafter that the same check rejects;
+the same for draft trees (the head's tree, the hybrid) and for drafts without q, verified as
+point masses. Also: seeds are reproducible, the global RNG is left alone, and
+`probs_from_logits` is HF's.
 
 V vocabulary, NEW new tokens per sample.
 """
@@ -14,7 +16,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from conftest import chisquare_pvalue, tiny_model
+from conftest import chisquare_pvalue, tiny_model, tree_probs_without_renormalisation
 from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -23,6 +25,7 @@ from transformers.generation.logits_process import (
 
 import mtpspec
 from mtpspec import Draft, HeadConfig, MTPHead, SamplingConfig
+from mtpspec.core.drafters import HybridDrafter, TreeConfig, TreeDrafter
 from mtpspec.core.sampling import probs_from_logits
 
 V = 6
@@ -113,6 +116,77 @@ def test_the_distribution_check_rejects_a_misreported_q():
     assert chisquare_pvalue(counts, exact_law(model, cfg)) < 1e-6
 
 
+class Recording:
+    """Wraps a drafter, counting the drafts that were trees rather than chains; `drop_q` hides
+    the law the tokens were drawn from, so they are verified as point masses."""
+
+    def __init__(self, drafter, drop_q: bool = False):
+        self.drafter, self.drop_q = drafter, drop_q
+        self.hidden_layers = drafter.hidden_layers
+        self.trees = 0
+
+    def propose(self, inp, k, sampling, generator):
+        d = self.drafter.propose(inp, k, sampling, generator)
+        self.trees += not d.is_chain
+        return Draft(tokens=d.tokens, parents=d.parents, q=None if self.drop_q else d.q)
+
+    def update(self, drafted, accepted):
+        self.drafter.update(drafted, accepted)
+
+
+class TargetTopTree:
+    """A deterministic tree of the target's own most likely tokens: its top-3 under the root,
+    then its top-2 after the first of them. Siblings are each likely, so how a sibling is
+    tested after an earlier one failed moves the output law a lot."""
+
+    hidden_layers = (-1,)
+
+    def __init__(self, model):
+        self.model = model
+
+    @torch.no_grad()
+    def propose(self, inp, k, sampling, generator):
+        top = self.model(inp.tokens).logits[0, -1].topk(3).indices  # (3,)
+        after = self.model(torch.cat([inp.tokens, top[None, :1]], 1)).logits[0, -1].topk(2).indices  # (2,)
+        return Draft(tokens=torch.cat([top, after])[:k], parents=torch.tensor([-1, -1, -1, 0, 0])[:k])
+
+    def update(self, drafted, accepted):
+        pass
+
+
+SAMPLED_DRAFTERS = {
+    # name: drafter built on the head
+    "tree": lambda head: Recording(TreeDrafter(head, TreeConfig(width=2, beam=2))),
+    "hybrid": lambda head: Recording(HybridDrafter(head, TreeConfig(width=2, beam=2), lookup_tokens=1)),
+    # the head's chain, its q dropped: drawn from q, verified as point masses
+    "chain_without_q": lambda head: Recording(head, drop_q=True),
+    "target_top_tree": lambda head: Recording(TargetTopTree(head.target.model)),
+}
+
+
+@pytest.mark.parametrize("name", list(SAMPLED_DRAFTERS))
+def test_trees_and_drafts_without_q_sample_the_target_distribution(name):
+    cfg = SamplingConfig(temperature=1.0)
+    model = _small_vocab_target()
+    drafter = SAMPLED_DRAFTERS[name](MTPHead.for_target(model))
+    counts, hist = sampled_counts(model, drafter, 3, cfg)
+    assert hist[0] > 0 and hist[1] > 0, hist  # drafts both rejected and accepted
+    assert (drafter.trees > 0) == (name != "chain_without_q")  # real trees were verified
+    assert chisquare_pvalue(counts, exact_law(model, cfg)) > 1e-3
+
+
+def test_the_tree_check_rejects_a_rule_without_renormalisation(monkeypatch):
+    """The check above has power: testing later siblings against an unnormalised residual
+    (patched into the sampler) moves the output off the target's law."""
+    import mtpspec.core.verify as verify
+
+    monkeypatch.setattr(verify, "speculative_tree_probs", tree_probs_without_renormalisation)
+    cfg = SamplingConfig(temperature=1.0)
+    model = _small_vocab_target()
+    counts, _ = sampled_counts(model, SAMPLED_DRAFTERS["target_top_tree"](MTPHead.for_target(model)), 3, cfg)
+    assert chisquare_pvalue(counts, exact_law(model, cfg)) < 1e-6
+
+
 # -- reproducibility and RNG hygiene -------------------------------------------------------------
 
 
@@ -139,20 +213,6 @@ def test_sampling_leaves_the_global_rng_alone(seed):
     before = torch.get_rng_state()
     _sample(model, head, seed, top_k=20, top_p=0.9)
     assert torch.equal(torch.get_rng_state(), before)
-
-
-def test_drafter_without_q_is_refused_when_sampling():
-    class NoQ:
-        hidden_layers = (-1,)
-
-        def propose(self, inp, k, sampling, generator):
-            return Draft(tokens=torch.zeros(k, dtype=torch.long))
-
-        def update(self, drafted, accepted):
-            pass
-
-    with pytest.raises(mtpspec.InputError, match="no q"):
-        _sample(tiny_model("llama"), NoQ(), 0)
 
 
 # -- probs_from_logits is Hugging Face's warper chain ---------------------------------------------

@@ -1,5 +1,6 @@
-"""Draft trees: masks and positions match ones drawn by hand, paths follow parents, and greedy
-decoding with a tree drafter equals HF greedy token for token on every family."""
+"""Draft trees: masks and positions match ones drawn by hand, paths follow parents, greedy
+decoding with a tree drafter equals HF greedy token for token on every family, and so does
+sampling with top_k = 1 (a sampled tree round keeps the right path in the cache)."""
 
 from __future__ import annotations
 
@@ -142,12 +143,18 @@ def test_tree_greedy_equals_hf_greedy(family, nodes):
     assert total_accepted > 0  # the tree really got paths accepted, beyond the root
 
 
-def test_tree_with_sampling_is_refused():
-    model = tiny_model("llama")
-    ids = torch.tensor([[5, 6, 7]])
-    tree = OracleTree(list(range(200)), vocab=97)
-    with pytest.raises(mtpspec.InputError, match="tree"):
-        mtpspec.generate(model, tree, ids, max_new_tokens=10, num_draft_tokens=4, temperature=1.0, seed=0)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_sampled_tree_with_top_k_1_is_greedy(family):
+    """Sampling with top_k = 1 can only emit the argmax: a sampled tree round that keeps the
+    wrong path in the cache, or emits the wrong token, shows up as a difference from greedy."""
+    model = tiny_model(family)
+    ids = torch.randint(4, 97, (1, 9), generator=torch.Generator().manual_seed(1))
+    ref = hf_greedy(model, ids, 40, eos=[])
+    tree = OracleTree(ref[0].tolist(), vocab=97, width=3, seed=1)
+    out = mtpspec.generate(model, tree, ids, max_new_tokens=40, num_draft_tokens=8, eos_token_id=[],
+                           temperature=1.0, top_k=1, seed=0)
+    assert torch.equal(out.sequences, ref)
+    assert sum(a for _, a in tree.rounds) > 0
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

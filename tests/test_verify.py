@@ -3,10 +3,15 @@
 Greedy: cases drawn by hand. Speculative sampling: the exact law of one round, enumerated over
 every draft sequence from the very function `accept_speculative` draws with
 (`speculative_probs`), equals the target's law; and `accept_speculative` itself, sampled with a
-seeded generator, passes a chi-square test that an always-accept rule fails.
+seeded generator, passes a chi-square test that an always-accept rule fails. Trees the same
+way: the law of one round of `accept_speculative_tree` (from `speculative_tree_probs`),
+enumerated over every way the walk can go and every draw of sampled drafts, equals the
+target's, and the sampler passes a chi-square test that a rule without renormalisation fails.
 
-K draft length, V vocabulary. The p rows here do not depend on the drafts (in the decoder they
-depend on the prefix), so the target's law of K + 1 tokens is the product of the p rows.
+K draft length, N tree drafts, V vocabulary, D tokens one tree round can emit. The chain's p
+rows do not depend on the drafts (in the decoder they depend on the prefix), so the target's
+law of K + 1 tokens is the product of the p rows; the tree tests use a toy target whose p
+depends on the prefix, as a decoder's does.
 """
 
 from __future__ import annotations
@@ -16,9 +21,17 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from conftest import chisquare_pvalue
+from conftest import chisquare_pvalue, tree_probs_without_renormalisation
 
-from mtpspec.core.verify import accept_greedy, accept_speculative, speculative_probs
+from mtpspec.core.tree import children, path_to
+from mtpspec.core.verify import (
+    accept_greedy,
+    accept_speculative,
+    accept_speculative_tree,
+    point_masses,
+    speculative_probs,
+    speculative_tree_probs,
+)
 
 
 def _logits_choosing(choices: list[int], V: int = 5) -> torch.Tensor:
@@ -191,6 +204,228 @@ def test_sampled_rounds_match_the_target_law(rule, passes):
     p = _dirichlet(3, 5, 12)
     counts = _first_two_tokens(rule, q, p, n=20_000, seed=0)
     pvalue = chisquare_pvalue(counts, np.outer(p[0].double(), p[1].double()))
+    if passes:
+        assert pvalue > 1e-3
+    else:
+        assert pvalue < 1e-6
+
+
+# -- multi-draft speculative sampling on trees ---------------------------------------------------
+
+#          root(0)
+#        /    |    \
+#    d0(1)  d1(2)  d2(3)
+#    /  \     |
+# d3(4) d4(5) d5(6)
+TREE = [-1, -1, -1, 0, 0, 1]
+D = 3  # a round emits at most two drafts + the target's own token
+
+
+class ToyTarget:
+    """A target over V tokens whose next-token law depends on the whole prefix (a fixed
+    Dirichlet draw per prefix), so two tree nodes with the same path share their p row, as in a
+    decoder. `keep` > 0 zeroes all but the `keep` likeliest tokens of each row (a top-k p)."""
+
+    def __init__(self, V: int, seed: int, keep: int = 0):
+        self.V, self.seed, self.keep = V, seed, keep
+        self.memo: dict[tuple[int, ...], np.ndarray] = {}
+
+    def __call__(self, prefix: tuple[int, ...]) -> np.ndarray:
+        if prefix not in self.memo:
+            row = np.random.default_rng([self.seed, len(prefix), *prefix]).dirichlet([0.7] * self.V)
+            if self.keep:
+                row = np.where(row >= np.sort(row)[-self.keep], row, 0.0)
+            self.memo[prefix] = row / row.sum()
+        return self.memo[prefix]
+
+    def law(self, length: int) -> np.ndarray:
+        """(V,) * length: the exact law of the next `length` tokens."""
+        out = np.zeros((self.V,) * length)
+        for seq in itertools.product(range(self.V), repeat=length):
+            out[seq] = np.prod([self(seq[:j])[t] for j, t in enumerate(seq)])
+        return out
+
+    def rows(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        """(M, V) p at every verify row: the law after the row's path of tokens."""
+        paths = [tuple(tokens[r - 1] for r in path_to(parents, row)[1:]) for row in range(len(parents) + 1)]
+        return torch.tensor(np.stack([self(path) for path in paths]), dtype=torch.float32)
+
+
+def tree_round_law(tokens: list[int], parents: list[int], q: torch.Tensor, target: ToyTarget,
+                   probs=speculative_tree_probs) -> np.ndarray:
+    """Exact law over V^D of the first D tokens emitted from one tree round with these drafts:
+    every way the walk can go, weighted by `probs`' pass probabilities, then the target's own
+    token from the residual where the walk stops, and the positions the round did not reach
+    filled from the target, as the following rounds would fill them."""
+    V = target.V
+    accept, next_dist = (a.double().numpy() for a in probs(torch.tensor(tokens), parents, q, target.rows(tokens, parents)))
+    kids = children(parents)
+    law = np.zeros((V,) * D)
+
+    def fill(prefix: tuple[int, ...], weight: float) -> None:
+        if len(prefix) == D:
+            law[prefix] += weight
+            return
+        for t, pt in enumerate(target(prefix)):
+            if pt:
+                fill(prefix + (t,), weight * pt)
+
+    def walk(row: int, prefix: tuple[int, ...], reach: float) -> None:
+        for c in kids[row]:  # child c passes after all earlier siblings failed
+            walk(c, prefix + (tokens[c - 1],), reach * accept[c - 1])
+            reach *= 1.0 - accept[c - 1]
+        for t, pt in enumerate(next_dist[row]):  # every child failed: the target's own token
+            if pt:
+                fill(prefix + (t,), reach * pt)
+
+    walk(0, (), 1.0)
+    return law
+
+
+def sampled_tree_law(q: torch.Tensor, parents: list[int], target: ToyTarget, probs=speculative_tree_probs) -> np.ndarray:
+    """The same law when draft i is drawn from q[i]: every draw enumerated with its weight (a
+    one-hot q row is a deterministic draft: one draw, weight 1)."""
+    law = np.zeros((target.V,) * D)
+    support = [row.nonzero().flatten().tolist() for row in q]
+    for x in itertools.product(*support):
+        weight = float(np.prod([q[i, t].item() for i, t in enumerate(x)]))
+        law += weight * tree_round_law(list(x), parents, q, target, probs)
+    return law
+
+
+def _top_children(parents: list[int], V: int, seed: int, dup: bool = False) -> list[int]:
+    """Deterministic drafts as a top-w tree proposes them: under each row, distinct tokens in
+    the order of a random draft ranking; `dup` makes the last sibling repeat the first (as two
+    branches of a merged tree can)."""
+    g = np.random.default_rng(seed)
+    tokens = [0] * len(parents)
+    for kids in children(parents):
+        ranking = g.permutation(V).tolist()
+        for j, c in enumerate(kids):
+            tokens[c - 1] = ranking[0] if dup and j == len(kids) - 1 and j > 0 else ranking[j]
+    return tokens
+
+
+def _sibling_q(parents: list[int], V: int, seed: int, keep: int = 0) -> torch.Tensor:
+    """(N, V) one draft law per row, shared by all its children: siblings drawn i.i.d. from it."""
+    rows = _dirichlet(len(parents) + 1, V, seed)
+    if keep:
+        rows = _keep_top(rows, keep)
+    return rows[[p + 1 for p in parents]]
+
+
+TREE_CASES = {
+    # name: (parents, V, seed) -> (q, target)
+    # deterministic top-w children: verified as point masses
+    "top_w": lambda P, V, s: (point_masses(torch.tensor(_top_children(P, V, s)), V), ToyTarget(V, s)),
+    # a sibling repeating its first sibling's token: rejected surely once that one failed
+    "duplicate_siblings": lambda P, V, s: (point_masses(torch.tensor(_top_children(P, V, s, dup=True)), V),
+                                           ToyTarget(V, s)),
+    # the target's top-2: some deterministic drafts lie outside p's support
+    "top_w_p_has_zeros": lambda P, V, s: (point_masses(torch.tensor(_top_children(P, V, s)), V),
+                                          ToyTarget(V, s, keep=2)),
+    # every draft drawn from its own q
+    "sampled": lambda P, V, s: (_dirichlet(len(P), V, s + 50), ToyTarget(V, s)),
+    # siblings drawn i.i.d. from one q per parent (SpecInfer's multi-step sampling), with ties
+    "sampled_iid_siblings": lambda P, V, s: (_sibling_q(P, V, s + 50), ToyTarget(V, s)),
+    # the draft's top-2: q(x) = 0 where p(x) > 0
+    "sampled_q_has_zeros": lambda P, V, s: (_sibling_q(P, V, s + 50, keep=2), ToyTarget(V, s)),
+    # a lookup branch (deterministic) under the root beside sampled children
+    "mixed": lambda P, V, s: (
+        torch.cat([point_masses(torch.tensor([s % V]), V), _dirichlet(len(P) - 1, V, s + 50)]),
+        ToyTarget(V, s),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(TREE_CASES))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tree_round_is_exactly_the_target_law(case, seed):
+    V = 4
+    q, target = TREE_CASES[case](TREE, V, seed)
+    law = sampled_tree_law(q, TREE, target)
+    want = target.law(D)
+    np.testing.assert_allclose(law.sum(), 1.0, atol=1e-6)
+    np.testing.assert_allclose(law.sum((1, 2)), target(()), atol=1e-6)  # the first token
+    np.testing.assert_allclose(law.sum(2), want.sum(2), atol=1e-6)  # the first two
+    np.testing.assert_allclose(law, want, atol=1e-6)  # all three
+
+
+def test_tree_enumeration_detects_a_rule_without_renormalisation():
+    q, target = TREE_CASES["top_w"](TREE, 4, 0)
+    assert np.abs(sampled_tree_law(q, TREE, target, tree_probs_without_renormalisation) - target.law(D)).max() > 1e-2
+
+
+def test_tree_rule_on_a_chain_is_the_chain_rule():
+    q = _dirichlet(3, 5, 21)
+    p = _dirichlet(4, 5, 22)
+    draft = torch.tensor([1, 4, 2])
+    accept, next_dist = speculative_tree_probs(draft, [-1, 0, 1], q, p)
+    want_accept, want_next = speculative_probs(draft, q, p)
+    torch.testing.assert_close(accept, want_accept, rtol=0, atol=0)
+    torch.testing.assert_close(next_dist, want_next, rtol=0, atol=0)
+
+
+def test_tree_sampling_hand_cases():
+    V = 4
+    tokens = torch.tensor([2, 1, 2, 0, 3, 3])  # d0 and d2 both propose 2
+    q = point_masses(tokens, V)
+    p = torch.full((7, V), 0.25)
+    p[0] = torch.tensor([0.2, 0.3, 0.5, 0.0])
+    accept, next_dist = speculative_tree_probs(tokens, TREE, q, p)
+    # d0 passes with p(2) = 0.5; then the residual is [0.4, 0.6, 0, 0]: d1 passes with 0.6;
+    # then [1, 0, 0, 0]: d2 repeats the rejected 2 and never passes, and the target's own
+    # token after three failures is 0.
+    torch.testing.assert_close(accept[:3], torch.tensor([0.5, 0.6, 0.0]))
+    torch.testing.assert_close(next_dist[0], torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    # leaves keep their p; d3, d4 are tested against d0's row
+    torch.testing.assert_close(next_dist[4:], p[4:])
+    torch.testing.assert_close(accept[3:5], torch.tensor([0.25, 1 / 3]))
+    # a target certain of each next token: the walk is fixed, as in greedy verification
+    one_hot = torch.zeros(7, V)
+    one_hot[0, 1] = one_hot[2, 3] = one_hot[6, 0] = 1.0
+    g = torch.Generator().manual_seed(0)
+    assert all(accept_speculative_tree(tokens, TREE, q, one_hot, g) == ([0, 2, 6], 0) for _ in range(20))
+
+
+def _walk_with(probs):
+    """A sampler that walks the tree as `accept_speculative_tree` does, with other pass
+    probabilities (for a negative control)."""
+
+    def rule(tokens, parents, q, p, generator):
+        accept, next_dist = probs(tokens, parents, q, p)
+        kids, path = children(parents), [0]
+        while True:
+            for c in kids[path[-1]]:
+                if float(torch.rand((), generator=generator)) < float(accept[c - 1]):
+                    path.append(c)
+                    break
+            else:
+                return path, int(torch.multinomial(next_dist[path[-1]], 1, generator=generator))
+
+    return rule
+
+
+@pytest.mark.parametrize("rule, case, passes", [
+    (accept_speculative_tree, "top_w", True),
+    (accept_speculative_tree, "sampled_iid_siblings", True),
+    (_walk_with(tree_probs_without_renormalisation), "top_w", False),
+])
+def test_sampled_tree_rounds_match_the_target_law(rule, case, passes):
+    """The real sampler: counts of the first two emitted tokens over many seeded rounds (drafts
+    drawn afresh from q each round) against the target's joint law."""
+    V, n = 4, 10_000
+    q, target = TREE_CASES[case](TREE, V, 3)
+    g = torch.Generator().manual_seed(0)
+    counts = np.zeros((V, V))
+    for _ in range(n):
+        tokens = torch.multinomial(q, 1, generator=g).flatten()  # (N,), fixed where q is one-hot
+        path, nxt = rule(tokens, TREE, q, target.rows(tokens.tolist(), TREE), g)
+        emitted = [int(tokens[r - 1]) for r in path[1:]] + [nxt]
+        if len(emitted) == 1:  # the next round's first token
+            emitted.append(int(torch.multinomial(torch.tensor(target((emitted[0],))), 1, generator=g)))
+        counts[emitted[0], emitted[1]] += 1
+    pvalue = chisquare_pvalue(counts, target.law(2))
     if passes:
         assert pvalue > 1e-3
     else:

@@ -196,7 +196,7 @@ def generate(
     in every dtype, and in fp32 equals `model.generate(do_sample=False)`; sampled output is
     distributed exactly as the target's with the same settings. `on_tokens` is called with
     each round's new token ids (for streaming). top_k / top_p None mean off, as in HF.
-    `tree=True` drafts a tree of `num_draft_tokens` nodes from an MTP head (greedy only)."""
+    `tree=True` drafts a tree of `num_draft_tokens` nodes from an MTP head (greedy or sampled)."""
     t = target if isinstance(target, Target) else Target(target)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     _check_draft_count(num_draft_tokens)

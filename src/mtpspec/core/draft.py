@@ -31,7 +31,10 @@ class Draft:
     # (N,) index of each token's parent among the drafts, -1 for the root (the last committed
     # token); parents[i] < i. None = a chain (parent i - 1).
     parents: torch.Tensor | None = None
-    q: torch.Tensor | None = None  # (N, V) the distribution each token was drawn from (sampling only)
+    # (N, V) the distribution each token was drawn from, given the drafts before it (sampling
+    # only). None = every token was proposed deterministically (a top-w tree, prompt lookup):
+    # verified against point masses, which is exact too, only accepted less often.
+    q: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         N = self.tokens.shape[0]
@@ -63,9 +66,10 @@ class Drafter(Protocol):
         self, inp: DraftInput, k: int, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> Draft:
         """Return a chain of k tokens (or a tree of k nodes). Greedy (sampling.greedy): any
-        tokens, q may be None. Sampling: each token must be drawn from the returned q row (after
-        the same temperature/top-k/top-p as the target), or the output distribution is no
-        longer the target's."""
+        tokens, q may be None. Sampling: either q is None (the tokens are verified as point
+        masses: any tokens, exact) or each token must be drawn from its q row, given the drafts
+        before it (after the same temperature/top-k/top-p as the target); a q that misreports
+        the law the tokens came from makes the output no longer the target's."""
         ...
 
     def update(self, drafted: int, accepted: int) -> None:

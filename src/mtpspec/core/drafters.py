@@ -9,7 +9,9 @@ Tree (EAGLE-2's idea, Li et al. 2024): expand the head's W most likely next toke
 keep the N best. A child never scores above its parent (log p <= 0), so the N best form a
 tree that contains each kept node's ancestors. All nodes of one depth sit at the same position
 and share the head's cross-attention to the target's cache, so a depth costs one batched head
-step. Greedy only: speculative sampling over siblings is not implemented (refused clearly).
+step. The children are chosen deterministically, also when sampling: the drafts carry no q and
+are verified as point masses (`verify.accept_speculative_tree`), which keeps the target's
+distribution exactly.
 
 Prompt lookup (as HF's `prompt_lookup_num_tokens`, Saxena 2023): find the last n-gram of the
 text earlier in it and propose what followed. Strong when the answer quotes the prompt
@@ -50,18 +52,14 @@ class _Node:
     score: float  # cumulative draft log-probability
 
 
-def _greedy_only(sampling: SamplingConfig, what: str) -> None:
-    if not sampling.greedy:
-        raise InputError(f"{what} drafts for greedy decoding only; use the head's chain (tree=False) to sample.")
-
-
 def _as_draft(nodes: list[_Node]) -> Draft:
     return Draft(tokens=torch.tensor([n.token for n in nodes], dtype=torch.long),
                  parents=torch.tensor([n.parent for n in nodes], dtype=torch.long))
 
 
 class TreeDrafter:
-    """A draft tree of N nodes from an MTP head (greedy decoding)."""
+    """A draft tree of N nodes from an MTP head (deterministic: the same tree whether decoding
+    greedily or sampling)."""
 
     def __init__(self, head: MTPHead, config: TreeConfig | None = None):
         self.head = head
@@ -117,7 +115,6 @@ class TreeDrafter:
         return ranked
 
     def propose(self, inp: DraftInput, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Draft:
-        _greedy_only(sampling, "A draft tree")
         return _as_draft(self.ranked_nodes(inp, k)[:k])
 
 
@@ -145,7 +142,6 @@ class LookupDrafter:
         """Lookup has nothing to adapt."""
 
     def propose(self, inp: DraftInput, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Draft:
-        _greedy_only(sampling, "Prompt lookup")
         cont = lookup(inp.tokens[0].tolist(), k, self.max_ngram)
         return Draft(tokens=torch.tensor(cont, dtype=torch.long))
 
@@ -171,7 +167,6 @@ class HybridDrafter:
 
     @torch.no_grad()
     def propose(self, inp: DraftInput, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Draft:
-        _greedy_only(sampling, "A hybrid draft tree")
         branch = lookup(inp.tokens[0].tolist(), min(self.lookup_tokens, k), self.max_ngram)
         nodes: list[_Node] = []
         index: dict[tuple[int, int], int] = {}  # (parent, token) -> node

@@ -2,15 +2,16 @@
 
 No model call, no cache write; randomness only through the explicit generator passed in.
 Letters follow Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
-Decoding" (Algorithm 1): p is the target's distribution, q the draft's. K draft length,
-V vocabulary."""
+Decoding" (Algorithm 1): p is the target's distribution, q the draft's. Trees are verified by
+multi-draft speculative sampling (recursive rejection sampling over siblings: Miao et al. 2024,
+"SpecInfer", Algorithm 2; Sun et al. 2023, "SpecTr"). K draft length, N tree drafts, M = N + 1
+verify rows (root first), V vocabulary."""
 
 from __future__ import annotations
 
 import torch
 
 from ..config import SamplingConfig
-from ..errors import InputError
 from .draft import Draft
 from .sampling import probs_from_logits
 from .tree import children
@@ -43,14 +44,34 @@ def speculative_probs(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> 
     reachable only through float rounding once x was rejected) falls back to p_i.
     """
     K = draft.shape[0]
-    idx = torch.arange(K, device=draft.device)
-    px = p[idx, draft]  # (K,)
-    qx = q[idx, draft]  # (K,)
-    accept = torch.where(qx > 0, px / qx, (px > 0).to(p.dtype)).clamp(max=1.0)  # (K,)
-    residual = (p[:K] - q).clamp_min(0)  # (K, V)
-    total = residual.sum(-1, keepdim=True)  # (K, 1)
-    residual = torch.where(total > 0, residual / total.clamp_min(torch.finfo(p.dtype).tiny), p[:K])
+    accept, residual = _test_and_residual(draft, q, p[:K])  # (K,), (K, V)
     return accept, torch.cat([residual, p[K:]], dim=0)
+
+
+def _test_and_residual(x: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One rejection test per row: x (R,) drawn from q (R, V), judged against p (R, V).
+    Returns the probability min(1, p(x) / q(x)) that x passes (R,) and the law to draw from
+    when it fails, norm(max(0, p - q)) (R, V); edge cases as in `speculative_probs`."""
+    R = x.shape[0]
+    idx = torch.arange(R, device=x.device)
+    px = p[idx, x]  # (R,)
+    qx = q[idx, x]  # (R,)
+    accept = torch.where(qx > 0, px / qx, (px > 0).to(p.dtype)).clamp(max=1.0)  # (R,)
+    residual = (p - q).clamp_min(0)  # (R, V)
+    total = residual.sum(-1, keepdim=True)  # (R, 1)
+    residual = torch.where(total > 0, residual / total.clamp_min(torch.finfo(p.dtype).tiny), p)
+    return accept, residual
+
+
+def point_masses(tokens: torch.Tensor, V: int) -> torch.Tensor:
+    """(N,) -> (N, V) one-hot rows: the q of drafts proposed deterministically (the head's
+    top-w tree children, a prompt-lookup branch, a drafter that reports no q).
+
+    Against a point mass the test above passes x with probability p(x) and, on failure, draws
+    from p with x removed, so the emitted token is x with probability p(x) and any y != x with
+    probability (1 - p(x)) * p(y) / (1 - p(x)) = p(y): exact whatever chose x, only less
+    often accepted than against the law x was really drawn from."""
+    return torch.nn.functional.one_hot(tokens.long(), V).float()  # (N, V)
 
 
 def accept_speculative(
@@ -90,23 +111,78 @@ def accept_greedy_tree(tokens: torch.Tensor, parents: list[int], target_logits: 
         path.append(nxt)
 
 
+def speculative_tree_probs(
+    tokens: torch.Tensor, parents: list[int], q: torch.Tensor, p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact law of one round of multi-draft speculative sampling on a tree, without
+    drawing anything (SpecInfer, Algorithm 2: recursive rejection sampling over siblings).
+
+    tokens: (N,) drafts, parents as in `tree.py`, q: (N, V) the law each draft was drawn from
+    given the drafts before it (`point_masses` for deterministic ones), p: (M, V) the target's
+    law at every verify row (row 0 the root, row i + 1 after draft i).
+    At a row the children are tried in draft order against a residual r that starts as the
+    row's p: child c passes with probability min(1, r(x_c) / q_c(x_c)); when it fails
+    r <- norm(max(0, r - q_c)) (for a point mass: r with x_c zeroed, renormalised), so a
+    sibling repeating a rejected token is rejected surely. Each step keeps the law of what the
+    row emits equal to r, hence to p: the token of the child that passes, or one drawn from
+    the last residual.
+    Returns `accept` (N,): the probability that draft i passes once its parent is reached and
+    its earlier siblings failed; `next_dist` (M, V): the law of the target's own token when the
+    walk stops at a row, the residual after all its children failed (p for a leaf).
+    """
+    N = tokens.shape[0]
+    accept = p.new_zeros(N)  # (N,)
+    next_dist = p.clone()  # (M, V)
+    for row, kids in enumerate(children(parents)):
+        r = p[row:row + 1]  # (1, V)
+        for c in kids:
+            a, r = _test_and_residual(tokens[c - 1:c], q[c - 1:c], r)  # (1,), (1, V)
+            accept[c - 1] = a[0]
+        next_dist[row] = r[0]
+    return accept, next_dist
+
+
+def accept_speculative_tree(
+    tokens: torch.Tensor, parents: list[int], q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None
+) -> tuple[list[int], int]:
+    """Multi-draft speculative sampling on a tree: the output is distributed exactly as p.
+
+    tokens, parents, q, p as in `speculative_tree_probs`, which gives the probabilities; this
+    function only draws. From the root, each child in turn passes with its probability (one
+    uniform each); on a pass the walk moves to that child, and when every child of the current
+    row failed (or it has none) the target's own token is drawn from that row's residual.
+    Returns the verify rows of the accepted path (root first) and that token, as
+    `accept_greedy_tree` does."""
+    accept, next_dist = speculative_tree_probs(tokens, parents, q, p)  # (N,), (M, V)
+    pass_prob = accept.tolist()
+    kids = children(parents)
+    path = [0]
+    while True:
+        for c in kids[path[-1]]:
+            u = float(torch.rand((), generator=generator, device=p.device, dtype=p.dtype))  # [0, 1)
+            if u < pass_prob[c - 1]:
+                path.append(c)
+                break
+        else:
+            nxt = torch.multinomial(next_dist[path[-1]], 1, generator=generator)
+            return path, int(nxt)
+
+
 def accept(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig,
            generator: torch.Generator | None) -> tuple[list[int], int]:
     """The acceptance rule for this draft and sampling setting: greedy or speculative sampling,
     chain or tree. target_logits: (N + 1, V), row 0 after the last committed token, row i + 1
     after draft i. Returns the verify rows kept (root first: the accepted drafts are rows
-    1..len - 1) and the next token, the target's own."""
-    N = draft.tokens.shape[0]
-    if not draft.is_chain:
-        if not sampling.greedy:
-            raise InputError("Sampling with a draft tree is not supported; draft a chain or decode greedily.")
-        return accept_greedy_tree(draft.tokens, draft.parent_list(), target_logits)
+    1..len - 1) and the next token, the target's own. When sampling, a draft without q was
+    proposed deterministically and is verified against point masses."""
     if sampling.greedy:
+        if not draft.is_chain:
+            return accept_greedy_tree(draft.tokens, draft.parent_list(), target_logits)
         n, nxt = accept_greedy(draft.tokens, target_logits)
-    else:
-        p = probs_from_logits(target_logits, sampling)  # (N + 1, V)
-        if N and draft.q is None:
-            raise InputError("The drafter returned no q: sampling needs the draft distribution.")
-        q = draft.q.to(p) if draft.q is not None else p.new_zeros(0, p.shape[1])
-        n, nxt = accept_speculative(draft.tokens, q, p, generator)
+        return list(range(n + 1)), nxt
+    p = probs_from_logits(target_logits, sampling)  # (N + 1, V)
+    q = draft.q.to(p) if draft.q is not None else point_masses(draft.tokens, p.shape[1]).to(p)  # (N, V)
+    if not draft.is_chain:
+        return accept_speculative_tree(draft.tokens, draft.parent_list(), q, p, generator)
+    n, nxt = accept_speculative(draft.tokens, q, p, generator)
     return list(range(n + 1)), nxt
