@@ -18,6 +18,7 @@ from transformers import (
 )
 
 from mtpspec import Draft, DraftInput, SamplingConfig
+from mtpspec.core.tree import children
 
 torch.set_num_threads(1)
 
@@ -117,7 +118,7 @@ def write_tiny_data(model, data_dir, n: int = 24, prompt_len: int = 6, new: int 
     the format `mtpspec data` writes."""
     from pathlib import Path
 
-    from mtpspec.training.data import _save_manifest, _write_shard
+    from mtpspec.training.shards import save_manifest, write_shard
 
     d = Path(data_dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -126,8 +127,8 @@ def write_tiny_data(model, data_dir, n: int = 24, prompt_len: int = 6, new: int 
     for _ in range(n):
         p = torch.randint(4, 97, (1, prompt_len), generator=g)
         samples.append((hf_greedy(model, p, new, eos=[])[0].tolist(), prompt_len))
-    _write_shard(d / "shard_00000.safetensors", samples)
-    _save_manifest(d, {"target": {}, "settings": {"tiny": True}, "num_samples": n, "num_shards": 1,
+    write_shard(d / "shard_00000.safetensors.xz", samples)
+    save_manifest(d, {"target": {}, "settings": {"tiny": True}, "num_samples": n, "num_shards": 1,
                        "num_tokens": n * (prompt_len + new), "prompts_consumed": n, "prompt_hashes": []})
     return d
 
@@ -156,3 +157,19 @@ def chisquare_pvalue(counts, probs, min_expected: float = 5.0) -> float:
         obs_sorted = np.concatenate([[obs_sorted[:m].sum()], obs_sorted[m:]])
     assert len(exp_sorted) >= 2, "too few samples for a chi-square test"
     return float(chisquare(obs_sorted, exp_sorted).pvalue)
+
+
+def tree_probs_without_renormalisation(tokens, parents, q, p):
+    """A wrong `speculative_tree_probs`, for negative controls: after a sibling fails, the next
+    is tested against max(0, r - q) left unnormalised, so later siblings pass too rarely (the
+    target's own token is still drawn from the normalised residual)."""
+    accept, next_dist = torch.zeros(len(parents)), p.clone()
+    for row, kids in enumerate(children(parents)):
+        r = p[row].clone()
+        for c in kids:
+            x = int(tokens[c - 1])
+            accept[c - 1] = min(1.0, float(r[x] / q[c - 1, x]))
+            r = (r - q[c - 1]).clamp_min(0)
+        if r.sum() > 0:
+            next_dist[row] = r / r.sum()
+    return accept, next_dist

@@ -122,16 +122,15 @@ DATA_FLAGS = ["--num-samples", "6", "--batch-size", "4", "--max-prompt-tokens", 
 
 
 def test_data_then_train_then_generate(model_dir, tmp_path):
-    from mtpspec.training.data import load_samples
+    from mtpspec.training.shards import load_samples
 
     d, model, tok = model_dir
     prompts = _prompts_txt(tmp_path / "prompts.txt")
     r = runner.invoke(app, ["data", "--target", str(d), "--out", str(tmp_path / "data"),
-                            "--prompts-file", str(prompts), *DATA_FLAGS])
+                            "--prompts-file", str(prompts), "--document-share", "0", "--follow-up-share", "0", *DATA_FLAGS])
     assert r.exit_code == 0, r.output
-    assert r.stdout.startswith("6 samples")
     samples = load_samples(tmp_path / "data")
-    assert len(samples) == 6
+    assert len(samples) == 6 and r.stdout.startswith("6 samples")  # batches of 4 seeds: two, all answered
     given = set(prompts.read_text().splitlines())
     for ids, prompt_len in samples:  # chat template around one of the given prompts, then the target's reply
         text = tok.decode(ids[:prompt_len])
@@ -154,6 +153,36 @@ def test_data_then_train_then_generate(model_dir, tmp_path):
     r = runner.invoke(app, ["generate", "--target", str(d), "--head", str(run / "head"), "--prompt", "w7", "-n", "6",
                             "-k", "2", "--json"])
     assert r.exit_code == 0, r.output
+
+
+def test_base_model_head_end_to_end(tmp_path):
+    """A model without a chat template: continuation data, a trained head, then generation and
+    acceptance through the CLI, each step reading what the one before wrote."""
+    from mtpspec.training.shards import load_samples
+
+    d = tmp_path / "base"
+    save_tiny_model_dir(d)
+    (d / "chat_template.jinja").unlink()
+    r = runner.invoke(app, ["data", "--target", str(d), "--out", str(tmp_path / "data"), *DATA_FLAGS])
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert manifest["settings"]["recipe"] == "continuation"
+    samples = load_samples(tmp_path / "data")
+    assert len(samples) >= 6 and all(0 < pl < len(ids) for ids, pl in samples)
+    run = tmp_path / "run"
+    r = runner.invoke(app, ["train", "--target", str(d), "--data", str(tmp_path / "data"), "--out", str(run),
+                            "--max-draft-tokens", "2", "--epochs", "1", "--batch-size", "2", "--holdout", "0",
+                            "--no-bf16", "--cache-dtype", "fp32", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    assert (run / "head" / "mtp_head.safetensors").is_file()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"category": "code", "turns": [f"w{10 + i} w{40 + i}"]}) + "\n" for i in range(3)))
+    r = runner.invoke(app, ["acceptance", "--target", str(d), "--head", str(run / "head"), "--prompts", str(prompts),
+                            "-k", "2", "-n", "8", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["generate", "--target", str(d), "--head", str(run / "head"), "--prompt", "w7 w8", "-n", "6",
+                            "-k", "2", "--compare"])
+    assert r.exit_code == 0 and "identical" in r.output, r.output
 
 
 def test_train_a_draft_model(model_dir, tmp_path):
@@ -204,7 +233,7 @@ BAD = [
     ("data --out {tmp}/o1 --prompts-file {tmp}/missing.txt", "missing.txt does not exist"),
     ("data --out {tmp}/o2 --prompts-file {tmp}/bad.jsonl", "bad.jsonl:2 is not valid JSON"),
     ("data --out {tmp}/o3 --corpus {tmp}/missing.txt", "Corpus file"),
-    ("data --out {tmp}/o4 --target {nochat}", "has no chat template"),
+    ("data --out {tmp}/o4 --target {nochat} --recipe chat", "has no chat template"),
     ("data --out {tmp}/bad.jsonl", "bad.jsonl is a file"),
     # train
     ("train --data {tmp}/missing --out {tmp}/r1", "is not an mtpspec data directory"),

@@ -120,7 +120,7 @@ def generate(
     dtype: str = DTYPE,
     compare: bool = typer.Option(False, "--compare", help="Also decode plainly (k=0) and print both speeds side by side."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
-    tree: bool = typer.Option(False, "--tree", help="Draft a tree of -k nodes [default 10] from the head (greedy only)."),
+    tree: bool = typer.Option(False, "--tree", help="Draft a tree of -k nodes [default 10] from the head."),
 ) -> None:
     """Generate text from a prompt with speculative decoding, streaming tokens as accepted."""
     from . import generate as decode
@@ -162,29 +162,37 @@ def generate(
 def data(
     out: Path = typer.Option(..., "--out", "-o", help="Output directory (resumes if it holds a partial run)."),
     target: str = TARGET,
-    num_samples: int = typer.Option(2000, "--num-samples"),
-    batch_size: int = typer.Option(32, "--batch-size"),
+    num_samples: int = typer.Option(2000, "--num-samples", help="Samples to write in all (one per answer)."),
+    recipe: str = typer.Option("auto", "--recipe", help="chat (instruct models: self-written turns, passages and "
+                               "requests over them, follow-ups), continuation (base models), or auto (chat when the "
+                               "tokenizer has a chat template)."),
+    batch_size: int = typer.Option(64, "--batch-size"),
     max_prompt_tokens: int = typer.Option(96, "--max-prompt-tokens"),
-    max_response_tokens: int = typer.Option(256, "--max-response-tokens"),
+    max_response_tokens: int = typer.Option(192, "--max-response-tokens"),
+    max_document_tokens: int = typer.Option(320, "--max-document-tokens", help="Longest passage of the document recipe."),
     prompt_temperature: float = typer.Option(1.0, "--prompt-temperature"),
     response_temperature: float = typer.Option(0.0, "--response-temperature", help="0 = greedy responses."),
-    task_share: float = typer.Option(0.8, "--task-share", help="Share of user turns seeded with an on-device task opener."),
+    task_share: float = typer.Option(0.8, "--task-share", help="Share of short user turns seeded with an on-device task opener."),
+    document_share: float = typer.Option(0.5, "--document-share", help="Share of seeds that write a passage, then a request over it."),
+    follow_up_share: float = typer.Option(0.25, "--follow-up-share", help="Share of answered chats given a second user turn."),
     prompts_file: str = typer.Option(None, "--prompts-file", help="Extra prompts: .jsonl or .txt."),
-    corpus: str = typer.Option(None, "--corpus", help="Extra raw-text corpus (plain text)."),
+    corpus: str = typer.Option(None, "--corpus", help="Extra raw-text corpus (plain text); chunks become prefixes to continue."),
     seed: int = typer.Option(0, "--seed"),
     dtype: str = typer.Option("bf16", "--dtype", help="Generation dtype: bf16 (fast batched on modern CPUs) or fp32."),
     threads: int = THREADS,
 ) -> None:
-    """Write self-distillation data: the target's own prompts and responses, as token shards."""
+    """Write self-distillation data: the target's own prompts and responses, as compressed token shards."""
     from .training.data import DataConfig, generate_data
 
     set_threads(threads)
-    cfg = DataConfig(num_samples=num_samples, batch_size=batch_size, max_prompt_tokens=max_prompt_tokens,
-                     max_response_tokens=max_response_tokens, prompt_temperature=prompt_temperature,
-                     response_temperature=response_temperature, task_share=task_share, seed=seed)
+    cfg = DataConfig(num_samples=num_samples, batch_size=batch_size, recipe=recipe, max_prompt_tokens=max_prompt_tokens,
+                     max_response_tokens=max_response_tokens, max_document_tokens=max_document_tokens,
+                     prompt_temperature=prompt_temperature, response_temperature=response_temperature,
+                     task_share=task_share, document_share=document_share, follow_up_share=follow_up_share, seed=seed)
     loaded, _ = open_target(target, dtype)
     m = generate_data(loaded.model, loaded.tokenizer, out, cfg, prompts_file, corpus)
-    typer.echo(f"{m['num_samples']} samples, {m['num_tokens']} tokens in {m['num_shards']} shards at {out}")
+    typer.echo(f"{m['num_samples']} samples, {m['num_tokens']} tokens ({m['num_response_tokens']} in responses) "
+               f"in {m['num_shards']} shards at {out}")
 
 
 @app.command()

@@ -6,22 +6,29 @@ layer it attends to (Hk, T, hd) each, and the target's top-k next-token log-prob
 (T, k) with their token ids. Stored in bf16/fp16 shards with a manifest that records the
 target identity and the head settings they were computed for; an interrupted build resumes
 at the first missing shard.
+
+Training streams from these shards instead of holding them in memory (~2 KB per token: 5M
+tokens would be ~10 GB): `load_cache` returns a `Samples` view whose items are read from the
+memory-mapped shard files when indexed, so RAM holds a batch at a time and the OS page cache
+keeps whatever fits.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ..core.target import Target
 from ..errors import DataError
-from .data import load_samples, read_manifest
+from .shards import load_samples, read_manifest
 
 MANIFEST = "activations.json"
 
@@ -100,29 +107,77 @@ def _read_manifest(d: Path) -> dict[str, Any]:
     raise DataError(f"{d / MANIFEST} is damaged; delete {d} and run again to rebuild the cache.")
 
 
-def load_cache(cache_dir: str | Path) -> list[Sample]:
+class Shard:
+    """One activations shard, opened lazily and memory-mapped; tensors are read on access."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._handle: Any = None
+        with safe_open(str(path), "pt") as f:  # the header only
+            self.size = len({k.split(".")[0] for k in f.keys()})
+
+    def get(self, i: int, name: str) -> torch.Tensor:
+        if self._handle is None:
+            self._handle = safe_open(str(self.path), "pt")
+        return self._handle.get_tensor(f"{i}.{name}")
+
+    def sample(self, i: int) -> Sample:
+        g = self.get
+        return Sample(ids=g(i, "ids").long(), prompt_len=int(g(i, "prompt_len")[0]), hidden=g(i, "hidden"),
+                      keys=g(i, "keys"), values=g(i, "values"), top_logp=g(i, "top_logp"),
+                      top_ids=g(i, "top_ids").long())
+
+
+class Samples(Sequence[Sample]):
+    """A view of samples stored in activation shards: `samples[i]` reads sample i from disk;
+    slicing, `pick` and `+` build other views without reading anything."""
+
+    def __init__(self, refs: list[tuple[Shard, int]]):
+        self.refs = refs
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return Samples(self.refs[i])
+        shard, j = self.refs[i]
+        return shard.sample(j)
+
+    def __add__(self, other: Samples) -> Samples:
+        return Samples(self.refs + other.refs)
+
+    def pick(self, order: list[int]) -> Samples:
+        return Samples([self.refs[i] for i in order])
+
+    def tokens(self) -> Iterator[tuple[torch.Tensor, int]]:
+        """(ids, prompt length) of every sample, without reading the activations."""
+        for shard, j in self.refs:
+            yield shard.get(j, "ids").long(), int(shard.get(j, "prompt_len")[0])
+
+
+def load_cache(cache_dir: str | Path) -> Samples:
+    """The samples of a finished activations directory, as a lazily read view."""
     d = Path(cache_dir)
     if not (d / MANIFEST).is_file():
         raise DataError(f"{d} holds no cached activations ({MANIFEST} missing).")
     m = _read_manifest(d)
     if m["num_shards"] < m["total_shards"]:
         raise DataError(f"{d} is incomplete ({m['num_shards']}/{m['total_shards']} shards); rerun to finish it.")
-    out = []
+    refs = []
     for s in range(m["num_shards"]):
-        t = load_file(str(d / f"act_{s:05d}.safetensors"))
-        n = len({k.split(".")[0] for k in t})
-        for i in range(n):
-            out.append(Sample(
-                ids=t[f"{i}.ids"].long(), prompt_len=int(t[f"{i}.prompt_len"][0]), hidden=t[f"{i}.hidden"],
-                keys=t[f"{i}.keys"], values=t[f"{i}.values"], top_logp=t[f"{i}.top_logp"],
-                top_ids=t[f"{i}.top_ids"].long(),
-            ))
-    return out
+        path = d / f"act_{s:05d}.safetensors"
+        try:
+            shard = Shard(path)
+        except (OSError, SafetensorError) as e:
+            raise DataError(f"{path} is missing or unreadable ({e}); delete {d} and run again to rebuild it.") from None
+        refs += [(shard, i) for i in range(shard.size)]
+    return Samples(refs)
 
 
-def token_frequencies(samples: list[Sample], vocab_size: int) -> torch.Tensor:
+def token_frequencies(samples: Samples, vocab_size: int) -> torch.Tensor:
     """(V,) counts of the tokens the head will have to draft: the responses, not the prompts."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
-    for s in samples:
-        counts += torch.bincount(s.ids[s.prompt_len:], minlength=vocab_size)
+    for ids, prompt_len in samples.tokens():
+        counts += torch.bincount(ids[prompt_len:], minlength=vocab_size)
     return counts

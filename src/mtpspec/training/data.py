@@ -1,17 +1,22 @@
 """Self-distillation data: the frozen target writes the prompts and the answers.
 
 The head must learn what the *target* would say, so the training text is the target's own
-output. With no external dataset the target writes its own user turns (the Magpie idea:
-run the chat template up to "user:" and let the model continue), seeded with openers for
-the on-device workloads a generic chat set misses (notification summaries, proofreading,
-rewriting, smart replies, short answers, code completion, extraction, translation, math).
-Optional sources: a prompts file (jsonl with "prompt"/"turns"/"text", or txt, one per line)
-and a raw-text corpus (plain text; chunks become "continue this" prompts).
+output. Two recipes:
 
-Output: `shard_XXXXX.safetensors` files of token ids (one per generated batch) plus
-`manifest.json` (target identity, settings, counts). A killed run resumes from the manifest:
-finished shards are kept and the prompt stream, deterministic from the seed, is replayed past
-the prompts already consumed, so nothing is duplicated or skipped.
+- `chat` (instruct models): the target writes its own user turns (the Magpie idea: run the
+  chat template up to the user's text and let the model continue), seeded with openers for
+  the on-device workloads (`tasks.TASK_OPENERS`), and answers them. A share of each batch
+  follows the two-stage document recipe: the target writes a passage (an article, email,
+  chat thread, notes, notifications, code), then answers a request over it (summarise,
+  answer, extract, rewrite, proofread a copy with typos, translate, reply, complete the
+  code). A share of answered chats gets a follow-up user turn (multi-turn).
+- `continuation` (base models, no chat template): prefixes from a corpus, a prompts file, or
+  the target's own sampled text, continued greedily by the target.
+
+Every answer becomes one sample (prompt ids, answer ids). Batches are the unit of work and of
+resumption: each writes one compressed shard (see `shards.py`) and the manifest records the
+prompts consumed; the prompt stream and each batch's sampling are seeded from the run's seed
+and the batch's place in the stream, so a killed run resumes as if never stopped.
 """
 
 from __future__ import annotations
@@ -26,106 +31,57 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ..core.target import Target
 from ..errors import DataError, InputError
+from .shards import read_manifest, save_manifest, shard_path, write_shard
+from .tasks import DOCUMENT_OPENERS, FOLLOW_UPS, TASK_OPENERS, is_repetitive, request_over
 
-MANIFEST = "manifest.json"
-_MANIFEST_KEYS = ("target", "settings", "num_samples", "num_shards", "num_tokens", "prompts_consumed")
-
-# Openers for the user turn. The target continues each one, so the prompt's content is its own.
-TASK_OPENERS: dict[str, list[str]] = {
-    "summarize": [
-        "Summarize these notifications in one sentence:\n",
-        "Summarize this message thread briefly:\n",
-        "Give me a short summary of this email:\n",
-        "TL;DR of the following article:\n",
-        "Summarize the key points of this news story:\n",
-    ],
-    "proofread": [
-        "Proofread this text and fix any mistakes:\n",
-        "Correct the grammar and spelling in this sentence:\n",
-        "Fix the typos in my message:\n",
-    ],
-    "rewrite": [
-        "Rewrite this message to sound more polite:\n",
-        "Make this text more concise:\n",
-        "Rewrite this in a friendly, casual tone:\n",
-        "Paraphrase the following paragraph:\n",
-    ],
-    "reply": [
-        "Suggest three short replies to this message:\n",
-        "How should I reply to this text from my friend?\n",
-        "Write a quick response to this email:\n",
-    ],
-    "chat": [
-        "",
-        "What is",
-        "How do I",
-        "Can you explain",
-        "Why does",
-        "Give me some tips for",
-        "Write a short story about",
-        "Write a poem about",
-    ],
-    "code": [
-        "Complete this Python function:\n```python\ndef ",
-        "Write a Python function that",
-        "Fix the bug in this code:\n```python\n",
-        "Write a JavaScript function to",
-        "Explain what this code does:\n```python\n",
-    ],
-    "extract": [
-        "Extract the names and dates from this text:\n",
-        "List the action items from this message:\n",
-    ],
-    "translate": [
-        "Translate this sentence into French:\n",
-        "Translate the following into English:\n",
-    ],
-    "math": [
-        "Solve this math problem step by step:\n",
-        "A word problem:",
-    ],
-    "qa": [
-        "Answer the question using the context below.\nContext:",
-        "Who was",
-        "When did",
-    ],
-}
+RECIPES = ("auto", "chat", "continuation")
+# Openers of the target's own text for the continuation recipe ("" = from the BOS token alone).
+CONTINUATION_OPENERS = ["", "The", "In", "A", "I", "When", "def ", "import ", "# ", "Dear", "Q:", "1."]
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    # Number of (prompt, response) samples to write in total.
+    # Samples (one per answer) to write in total; the last batch is written whole, so a run
+    # may end a little past it (cutting a batch would make a resumed run differ from one run).
     num_samples: int = 2000
-    # Sequences generated together (batched HF generate); each batch is one shard, the unit
-    # of resumption.
-    batch_size: int = 32
-    # Longest self-written user turn, in tokens.
+    # Seeds per batch; each stage of a batch is one batched HF generate, each batch one shard.
+    batch_size: int = 64
+    # chat | continuation | auto (chat when the tokenizer has a chat template, else continuation).
+    recipe: str = "auto"
+    # Longest self-written user turn (continuation: self-written prefix), in tokens.
     max_prompt_tokens: int = 96
-    # Longest response, in tokens.
-    max_response_tokens: int = 256
-    # Temperature of the self-written prompts (they must vary).
+    # Longest answer, in tokens.
+    max_response_tokens: int = 192
+    # Longest passage the document recipe has the target write.
+    max_document_tokens: int = 320
+    # Temperature of the self-written prompts and passages' topics (they must vary).
     prompt_temperature: float = 1.0
-    # Temperature of the responses: 0 = greedy, what greedy decoding will verify against.
+    # Temperature of the answers: 0 = greedy, what greedy decoding will verify against.
     response_temperature: float = 0.0
-    # Share of samples whose user turn starts from a task opener (the rest: free Magpie turns).
+    # Share of short user turns that start from a task opener (the rest: free Magpie turns).
     task_share: float = 0.8
+    # Share of seeds that follow the two-stage document recipe.
+    document_share: float = 0.5
+    # Share of answered chats that get a second user turn.
+    follow_up_share: float = 0.25
     # Keep only user turns the target finished itself (ended with a stop token).
     require_finished_prompts: bool = True
     # Seed of the prompt stream and of each batch's sampling; a resume replays it exactly.
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("num_samples", "batch_size", "max_prompt_tokens", "max_response_tokens"):
+        for name in ("num_samples", "batch_size", "max_prompt_tokens", "max_response_tokens", "max_document_tokens"):
             if getattr(self, name) < 1:
                 raise InputError(f"DataConfig.{name} must be >= 1.")
-        if not 0.0 <= self.task_share <= 1.0:
-            raise InputError("DataConfig.task_share must be in [0, 1].")
+        for name in ("task_share", "document_share", "follow_up_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise InputError(f"DataConfig.{name} must be in [0, 1].")
+        if self.recipe not in RECIPES:
+            raise InputError(f"DataConfig.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}.")
 
 
 def read_prompts_file(path: str | Path) -> list[str]:
@@ -153,14 +109,15 @@ def read_prompts_file(path: str | Path) -> list[str]:
     return out
 
 
-def corpus_prompts(path: str | Path, chunk_chars: int = 600) -> list[str]:
-    """A raw-text corpus as prompts: each chunk becomes a 'continue this text' request."""
+def corpus_chunks(path: str | Path, chunk_chars: int = 600) -> list[str]:
+    """A raw-text corpus cut into chunks: prefixes to continue (the chat recipe wraps each in a
+    'continue this text' request)."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"Corpus file {p} does not exist.")
     text = p.read_text(errors="replace")
     chunks = [text[i:i + chunk_chars].strip() for i in range(0, len(text), chunk_chars)]
-    out = [f"Continue this text:\n{c}" for c in chunks if len(c) > 40]
+    out = [c for c in chunks if len(c) > 40]
     if not out:
         raise DataError(f"Corpus file {p} holds no usable text.")
     return out
@@ -204,147 +161,225 @@ def _chat_prefix(tokenizer: Any, opener: str) -> str:
     return full[: full.index(marker)] + opener
 
 
-def _batched_generate(model: Any, tokenizer: Any, texts: list[str], max_new: int, temperature: float,
-                      stop_ids: list[int]) -> list[list[int]]:
-    """Left-padded batched HF generate -> the new token ids of each row, cut at the first stop."""
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    kw: dict[str, Any] = {"do_sample": temperature > 0}
-    if temperature > 0:
-        kw.update(temperature=temperature, top_p=0.95, top_k=0)
-    with torch.no_grad():
-        out = model.generate(**enc, max_new_tokens=max_new, eos_token_id=stop_ids,
-                             pad_token_id=tokenizer.pad_token_id, **kw)
-    rows = []
-    for r in out[:, enc["input_ids"].shape[1]:].tolist():
-        cut = next((i for i, t in enumerate(r) if t in stop_ids), None)
-        rows.append(r if cut is None else r[: cut + 1])
-    return rows
+class _Writer:
+    """Batched generation over token-id rows, for one data run (model, tokenizer, stop ids)."""
+
+    def __init__(self, model: Any, tokenizer: Any, cfg: DataConfig, stop_ids: list[int]):
+        self.model, self.tok, self.cfg, self.stop_ids = model, tokenizer, cfg, stop_ids
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else stop_ids[0]
+
+    def ids(self, text: str, special: bool = False) -> list[int]:
+        return self.tok(text, add_special_tokens=special)["input_ids"]
+
+    def text(self, ids: list[int]) -> str:
+        return self.tok.decode([t for t in ids if t not in self.stop_ids], skip_special_tokens=True)
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.ids(self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+    def finished(self, ids: list[int]) -> bool:
+        return bool(ids) and ids[-1] in self.stop_ids
+
+    def generate(self, rows: list[list[int]], max_new: int, temperature: float) -> list[list[int]]:
+        """Left-padded batched HF generate -> each row's new ids, cut after the first stop id."""
+        if not rows:
+            return []
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[self.pad_id] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        kw: dict[str, Any] = {"do_sample": temperature > 0}
+        if temperature > 0:
+            kw.update(temperature=temperature, top_p=0.95, top_k=0)
+        with torch.no_grad():
+            out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new,
+                                      eos_token_id=self.stop_ids, pad_token_id=self.pad_id, **kw)
+        new = []
+        for r in out[:, width:].tolist():
+            cut = next((i for i, t in enumerate(r) if t in self.stop_ids), None)
+            new.append(r if cut is None else r[: cut + 1])
+        return new
 
 
-def _prompt_stream(cfg: DataConfig, extra: list[str]) -> Iterator[tuple[str, str]]:
-    """Deterministic stream of (kind, opener-or-prompt). Kinds: 'magpie' (the target continues
-    the opener as the user's text) or 'given' (a ready prompt from a file or corpus)."""
+Sample = tuple[list[int], int]  # (prompt + answer ids, prompt length)
+
+
+def _answer(w: _Writer, chats: list[list[dict[str, str]]], max_new: int) -> list[tuple[list[dict[str, str]], list[int], list[int]]]:
+    """Answer each chat; keep (messages, prompt ids, answer ids) of the non-degenerate answers."""
+    prompts = [w.chat_ids(c) for c in chats]
+    answers = w.generate(prompts, max_new, w.cfg.response_temperature)
+    return [(c, p, a) for c, p, a in zip(chats, prompts, answers) if not is_degenerate(a)]
+
+
+def _chat_batch(w: _Writer, batch: list[tuple[str, str]], rng: random.Random, seen: set[str]) -> list[Sample]:
+    """One batch of the chat recipe: user turns, answers, requests over passages, follow-ups."""
+    cfg = w.cfg
+    # 1. User turns: given prompts as they are; openers continued by the target (sampled).
+    magpie = [op for kind, op in batch if kind != "given"]
+    written = iter(w.generate([w.ids(_chat_prefix(w.tok, op)) for op in magpie], cfg.max_prompt_tokens,
+                              cfg.prompt_temperature))
+    short: list[list[dict[str, str]]] = []
+    docs: list[tuple[str, list[dict[str, str]]]] = []
+    for kind, op in batch:
+        if kind == "given":
+            user = op
+        else:
+            ids = next(written)
+            ok = not is_degenerate(ids) and (w.finished(ids) or not cfg.require_finished_prompts)
+            user = (op + w.text(ids)).strip() if ok else ""
+        h = hashlib.sha1(user.encode()).hexdigest()[:16]  # drop empty, too short and repeated turns
+        if len(user) < 8 or h in seen:
+            continue
+        seen.add(h)
+        chat = [{"role": "user", "content": user}]
+        if kind.startswith("document:"):
+            docs.append((kind.removeprefix("document:"), chat))
+        else:
+            short.append(chat)
+    # 2. Answers: short turns, and the passages of the document recipe.
+    answered = _answer(w, short, cfg.max_response_tokens)
+    passages = _answer(w, [c for _, c in docs], cfg.max_document_tokens)
+    kind_of = {id(c): k for k, c in docs}
+    # 3. Requests over the passages (stage 2 of the document recipe).
+    requests = [[{"role": "user", "content": request_over(kind_of[id(c)], w.text(a), rng)}]
+                for c, _, a in passages if not is_repetitive(w.text(a))]
+    answered += _answer(w, requests, cfg.max_response_tokens)
+    # 4. Follow-up turns on a share of the answered chats.
+    follow = [c + [{"role": "assistant", "content": w.text(a)}, {"role": "user", "content": rng.choice(FOLLOW_UPS)}]
+              for c, _, a in answered if rng.random() < cfg.follow_up_share]
+    later = _answer(w, follow, cfg.max_response_tokens)
+    return [(p + a, len(p)) for _, p, a in answered + passages + later]
+
+
+def _continuation_batch(w: _Writer, batch: list[tuple[str, str]], seen: set[str]) -> list[Sample]:
+    """One batch of the continuation recipe: prefixes (given, or written by the target from an
+    opener, sampled), then the target's greedy continuation of each."""
+    cfg = w.cfg
+    def start(op: str) -> list[int]:  # with special tokens (BOS); a model without BOS starts after its EOS
+        return w.ids(op, special=True) or w.stop_ids[:1]
+
+    openers = [start(op) for kind, op in batch if kind != "given"]
+    written = iter(w.generate(openers, cfg.max_prompt_tokens, cfg.prompt_temperature))
+    prefixes = []
+    for kind, op in batch:
+        ids = start(op)
+        if kind == "given":
+            ids = ids[: cfg.max_prompt_tokens]
+        else:
+            ids = ids + [t for t in next(written) if t not in w.stop_ids]
+        h = hashlib.sha1(str(ids).encode()).hexdigest()[:16]
+        if len(ids) >= 4 and h not in seen:
+            seen.add(h)
+            prefixes.append(ids)
+    answers = w.generate(prefixes, cfg.max_response_tokens, cfg.response_temperature)
+    return [(p + a, len(p)) for p, a in zip(prefixes, answers) if not is_degenerate(a)]
+
+
+def _prompt_stream(cfg: DataConfig, recipe: str, extra: list[str]) -> Iterator[tuple[str, str]]:
+    """Deterministic stream of (kind, text). Kinds: 'given' (a ready prompt or prefix from a file
+    or corpus), 'magpie' (an opener the target continues as the user's text), 'document:<kind>'
+    (an opener for a passage), 'self' (continuation: an opener of the target's own text)."""
     rng = random.Random(cfg.seed)
-    kinds = list(TASK_OPENERS)
+    tasks, doc_kinds = sorted(TASK_OPENERS), sorted(DOCUMENT_OPENERS)
     i = 0
     while True:
         if extra and i % 2 == 1:  # with a prompts file or corpus: every other sample uses it
             yield "given", extra[rng.randrange(len(extra))]
+        elif recipe == "continuation":
+            yield "self", CONTINUATION_OPENERS[rng.randrange(len(CONTINUATION_OPENERS))]
+        elif rng.random() < cfg.document_share:
+            kind = doc_kinds[rng.randrange(len(doc_kinds))]
+            yield f"document:{kind}", DOCUMENT_OPENERS[kind][rng.randrange(len(DOCUMENT_OPENERS[kind]))]
         elif rng.random() < cfg.task_share:
-            kind = kinds[rng.randrange(len(kinds))]
+            kind = tasks[rng.randrange(len(tasks))]
             yield "magpie", TASK_OPENERS[kind][rng.randrange(len(TASK_OPENERS[kind]))]
         else:
             yield "magpie", ""
         i += 1
 
 
+def resolve_recipe(recipe: str, tokenizer: Any) -> str:
+    """'auto' -> chat with a chat template, continuation without; 'chat' without one is refused."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if recipe == "auto":
+        return "chat" if has_template else "continuation"
+    if recipe == "chat" and not has_template:
+        name = getattr(tokenizer, "name_or_path", "") or "The target's tokenizer"
+        raise InputError(f"{name} has no chat template, so the chat recipe cannot write chat turns. Use "
+                         "--recipe continuation (or auto) for a base model, or add a chat_template to its "
+                         "tokenizer_config.json.")
+    return recipe
+
+
 def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConfig,
                   prompts_file: str | None = None, corpus: str | None = None, progress: bool = True) -> dict[str, Any]:
-    # The model's dtype is part of the settings: bf16 batched generation is ~6x faster than
-    # fp32 on CPUs with avx512_bf16, and its rare argmax flips hardly matter for training.
-    """Write `cfg.num_samples` target-generated samples into out_dir (resumable).
+    """Write at least `cfg.num_samples` target-generated samples into out_dir (resumable).
 
-    Everything that can be wrong with the inputs (no chat template, a missing or malformed
-    prompts file or corpus, out_dir holding other data) is refused before out_dir is created,
-    so a failed start leaves nothing behind."""
+    Everything that can be wrong with the inputs (a recipe the tokenizer cannot serve, a
+    missing or malformed prompts file or corpus, out_dir holding other data) is refused before
+    out_dir is created, so a failed start leaves nothing behind. The model's dtype is part of
+    the settings: bf16 batched generation is several times faster than fp32 on CPUs with
+    avx512_bf16, and its rare argmax flips hardly matter for training."""
     out = Path(out_dir)
-    if not getattr(tokenizer, "chat_template", None):
-        name = getattr(tokenizer, "name_or_path", "") or "The target's tokenizer"
-        raise InputError(f"{name} has no chat template; `mtpspec data` writes chat turns (user prompt, then the "
-                         "target's answer) through it. Use a chat/instruct model, or add a chat_template to its "
-                         "tokenizer_config.json.")
+    recipe = resolve_recipe(cfg.recipe, tokenizer)
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} is a file; give a directory.")
     target = Target(model)
-    extra = (read_prompts_file(prompts_file) if prompts_file else []) + (corpus_prompts(corpus) if corpus else [])
+    chunks = corpus_chunks(corpus) if corpus else []
+    if recipe == "chat":
+        chunks = [f"Continue this text:\n{c}" for c in chunks]
+    extra = (read_prompts_file(prompts_file) if prompts_file else []) + chunks
     # num_samples is not a setting: a finished run can be extended by asking for more.
-    settings = {"config": {k: v for k, v in asdict(cfg).items() if k != "num_samples"},
-                "prompts_file": prompts_file, "corpus": corpus,
-                "dtype": str(target.dtype).removeprefix("torch.")}
+    settings = {"config": {k: v for k, v in asdict(cfg).items() if k != "num_samples"}, "recipe": recipe,
+                "prompts_file": prompts_file, "corpus": corpus, "dtype": str(target.dtype).removeprefix("torch.")}
     manifest = _load_manifest(out, target, settings)
     out.mkdir(parents=True, exist_ok=True)
-    stop_ids = stop_token_ids(model, tokenizer)
+    writer = _Writer(model, tokenizer, cfg, stop_token_ids(model, tokenizer))
     done = manifest["num_samples"]
-    stream = _prompt_stream(cfg, extra)
+    stream = _prompt_stream(cfg, recipe, extra)
     for _ in range(manifest["prompts_consumed"]):  # replay the deterministic stream
         next(stream)
     seen = set(manifest.get("prompt_hashes", []))
-    bar = tqdm(total=cfg.num_samples, initial=done, desc="self-distillation data", unit="sample", disable=not progress)
+    bar = tqdm(total=cfg.num_samples, initial=done, desc=f"self-distillation data ({recipe})", unit="sample",
+               disable=not progress)
     budget = _Budget()
     empty_batches = 0
     while done < cfg.num_samples:
-        # HF sampling draws from torch's global generator: seed it per batch so that a resumed
-        # run writes exactly what an uninterrupted one would have.
-        torch.manual_seed(cfg.seed * 1_000_003 + manifest["prompts_consumed"])
+        # HF sampling draws from torch's global generator, the templates from rng: both seeded
+        # per batch, so that a resumed run writes exactly what an uninterrupted one would have.
+        batch_seed = cfg.seed * 1_000_003 + manifest["prompts_consumed"]
+        torch.manual_seed(batch_seed)
+        rng = random.Random(batch_seed)
         batch = [next(stream) for _ in range(cfg.batch_size)]
-        consumed = cfg.batch_size
-        # 1. User turns: given prompts as they are; Magpie openers continued by the target.
-        magpie = [op for kind, op in batch if kind == "magpie"]
-        prefixes = [_chat_prefix(tokenizer, op) for op in magpie]
-        written = _batched_generate(model, tokenizer, prefixes, cfg.max_prompt_tokens, cfg.prompt_temperature, stop_ids) if magpie else []
-        users, wi = [], 0
-        for kind, op in batch:
-            if kind == "given":
-                users.append(op)
-            else:
-                ids = written[wi]
-                wi += 1
-                text = op + tokenizer.decode([t for t in ids if t not in stop_ids], skip_special_tokens=True)
-                finished = bool(ids) and ids[-1] in stop_ids
-                ok = not is_degenerate(ids) and (finished or not cfg.require_finished_prompts)
-                users.append(text.strip() if ok else "")
-        # 2. Deduplicate and drop degenerate or unfinished user turns.
-        keep = []
-        for u in users:
-            h = hashlib.sha1(u.encode()).hexdigest()[:16]
-            if len(u) >= 8 and h not in seen:
-                seen.add(h)
-                keep.append(u)
-        # 3. Responses from the target, greedy by default.
-        chats = [tokenizer.apply_chat_template([{"role": "user", "content": u}], tokenize=False, add_generation_prompt=True) for u in keep]
-        answers = _batched_generate(model, tokenizer, chats, cfg.max_response_tokens, cfg.response_temperature, stop_ids) if chats else []
-        samples = []
-        for chat, ans in zip(chats, answers):
-            if not is_degenerate(ans):
-                p_ids = tokenizer(chat, add_special_tokens=False)["input_ids"]
-                samples.append((p_ids + ans, len(p_ids)))
-                budget.tokens += len(ans)
-        samples = samples[: cfg.num_samples - done]
-        # 4. One shard per batch, then the manifest: a kill between the two only repeats this
+        if recipe == "chat":
+            samples = _chat_batch(writer, batch, rng, seen)
+        else:
+            samples = _continuation_batch(writer, batch, seen)
+        budget.tokens += sum(len(s) - p for s, p in samples)
+        # One shard per batch, then the manifest: a kill between the two only repeats this
         # batch on resume (same prompts, same shard name), never duplicates or skips one.
         if samples:
-            _write_shard(out / f"shard_{manifest['num_shards']:05d}.safetensors", samples)
+            write_shard(shard_path(out, manifest["num_shards"]), samples)
             done += len(samples)
             manifest.update(num_samples=done, num_shards=manifest["num_shards"] + 1,
-                            num_tokens=manifest["num_tokens"] + sum(len(c[0]) for c in samples))
-        manifest["prompts_consumed"] += consumed
+                            num_tokens=manifest["num_tokens"] + sum(len(s) for s, _ in samples),
+                            num_response_tokens=manifest.get("num_response_tokens", 0) + sum(len(s) - p for s, p in samples))
+        manifest["prompts_consumed"] += cfg.batch_size
         manifest["prompt_hashes"] = sorted(seen)
-        _save_manifest(out, manifest)
+        save_manifest(out, manifest)
         bar.update(len(samples))
         empty_batches = 0 if samples else empty_batches + 1
         if empty_batches >= 20:
             raise DataError("20 batches in a row gave no usable sample: the target's prompts are all "
                             "degenerate or unfinished. Try --prompts-file, or a higher --max-prompt-tokens.")
-        bar.set_postfix(tok_s=f"{budget.rate():.0f}")
+        bar.set_postfix(resp_tok_s=f"{budget.rate():.0f}")
     bar.close()
     return manifest
 
 
-def _write_shard(path: Path, samples: list[tuple[list[int], int]]) -> None:
-    ids = torch.tensor([t for s, _ in samples for t in s], dtype=torch.int32)
-    lengths = torch.tensor([len(s) for s, _ in samples], dtype=torch.int32)
-    prompt_lengths = torch.tensor([p for _, p in samples], dtype=torch.int32)
-    tmp = path.with_suffix(".tmp")
-    save_file({"ids": ids, "lengths": lengths, "prompt_lengths": prompt_lengths}, str(tmp))
-    tmp.rename(path)
-
-
 def _load_manifest(out: Path, target: Target, settings: dict[str, Any]) -> dict[str, Any]:
     ident = asdict(target.identity())
-    if (out / MANIFEST).is_file():
+    if (out / "manifest.json").is_file():
         m = read_manifest(out)
         if m["target"] != ident:
             raise DataError(f"{out} holds data from a different target ({m['target']}); use another --out.")
@@ -353,47 +388,4 @@ def _load_manifest(out: Path, target: Target, settings: dict[str, Any]) -> dict[
                             "flags to resume, or another --out for new data.")
         return m
     return {"target": ident, "settings": settings, "num_samples": 0, "num_shards": 0, "num_tokens": 0,
-            "prompts_consumed": 0, "prompt_hashes": []}
-
-
-def _save_manifest(out: Path, m: dict[str, Any]) -> None:
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(m))
-    tmp.rename(out / MANIFEST)
-
-
-def read_manifest(data_dir: str | Path) -> dict[str, Any]:
-    """The manifest of a data directory written by `mtpspec data`; a DataError if there is none
-    or it is not one."""
-    d = Path(data_dir)
-    path = d / MANIFEST
-    if not path.is_file():
-        raise DataError(f"{d} is not an mtpspec data directory (no {MANIFEST}); run `mtpspec data` first.")
-    try:
-        m = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path} is not valid JSON ({e}); delete {d} and run `mtpspec data` again.") from None
-    missing = [k for k in _MANIFEST_KEYS if not isinstance(m, dict) or k not in m]
-    if missing:
-        raise DataError(f"{path} is not an mtpspec data manifest (missing {', '.join(missing)}); "
-                        f"delete {d} and run `mtpspec data` again.")
-    return m
-
-
-def load_samples(data_dir: str | Path) -> list[tuple[torch.Tensor, int]]:
-    """All (token ids (T,), prompt length) pairs of a data directory, in shard order."""
-    d = Path(data_dir)
-    m = read_manifest(d)
-    out = []
-    for i in range(m["num_shards"]):
-        shard = d / f"shard_{i:05d}.safetensors"
-        try:
-            s = load_file(str(shard))
-        except (OSError, SafetensorError) as e:
-            raise DataError(f"{shard} is missing or unreadable ({e}); the manifest lists {m['num_shards']} shards. "
-                            "Rerun `mtpspec data` with the same flags to rewrite it.") from None
-        for seq, pl in zip(torch.split(s["ids"].long(), s["lengths"].tolist()), s["prompt_lengths"].tolist()):
-            out.append((seq, int(pl)))
-    if not out:
-        raise DataError(f"{d} holds no samples yet.")
-    return out
+            "num_response_tokens": 0, "prompts_consumed": 0, "prompt_hashes": []}

@@ -21,7 +21,7 @@ import json
 import math
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -38,8 +38,8 @@ from ..core.target import Target
 from ..errors import DataError, InputError
 from ..models import load_target
 from ..pretrained import load_head, load_head_config
-from .activations import Sample, build_cache, load_cache, token_frequencies
-from .data import read_manifest
+from .activations import Sample, Samples, build_cache, load_cache, token_frequencies
+from .shards import read_manifest
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -47,7 +47,7 @@ DRAFT_MODEL_DIR = "draft_model"  # where kind "draft-model" saves its model (`mt
 
 
 # -- batching ---------------------------------------------------------------------------------
-def collate(samples: list[Sample]) -> dict[str, torch.Tensor]:
+def collate(samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
     """Right-pad a list of samples into (B, T, ...) tensors plus lengths."""
     B = len(samples)
     T = max(s.ids.shape[0] for s in samples)
@@ -142,7 +142,7 @@ class MTPObjective:
         return total, rows
 
     @torch.no_grad()
-    def acceptance(self, samples: list[Sample], batch_size: int) -> dict[str, float]:
+    def acceptance(self, samples: Sequence[Sample], batch_size: int) -> dict[str, float]:
         """Greedy tokens per target forward on held-out samples if every row were a round:
         1 + the number of leading steps whose draft equals the data's next token."""
         K = self.cfg.max_draft_tokens
@@ -184,7 +184,7 @@ class DraftModelObjective:
         return distill_loss(logits, batch["top_logp"], batch["top_ids"], labels, valid, None, self.cfg.label_weight)
 
     @torch.no_grad()
-    def acceptance(self, samples: list[Sample], batch_size: int) -> dict[str, float]:
+    def acceptance(self, samples: Sequence[Sample], batch_size: int) -> dict[str, float]:
         """Greedy next-token agreement with the data (the draft model's step-1 rate)."""
         hit = tot = 0
         for i in range(0, len(samples), batch_size):
@@ -229,15 +229,16 @@ def _lr_lambda(cfg: TrainConfig, total: int) -> Callable[[int], float]:
     return f
 
 
-def split(samples: list[Sample], cfg: TrainConfig) -> tuple[list[Sample], list[Sample]]:
-    """(train, held-out), a seeded shuffle of one data set. Several data sets are split one by
-    one (see `train`), so adding a data set never moves a sample of another across the split."""
+def split(samples: Samples, cfg: TrainConfig) -> tuple[Samples, Samples]:
+    """(train, held-out), a seeded shuffle of one data set (views: nothing is read). Several
+    data sets are split one by one (see `train`), so adding a data set never moves a sample of
+    another across the split."""
     order = list(range(len(samples)))
     random.Random(cfg.seed).shuffle(order)
     n_hold = int(round(cfg.holdout * len(samples))) if cfg.holdout else 0
     if len(samples) - n_hold < 1:
         raise DataError(f"Only {len(samples)} samples: nothing left to train on after the held-out split.")
-    return [samples[i] for i in order[n_hold:]], [samples[i] for i in order[:n_hold]]
+    return samples.pick(order[n_hold:]), samples.pick(order[:n_hold])
 
 
 def epoch_batches(n: int, cfg: TrainConfig, epoch: int) -> list[list[int]]:
@@ -275,7 +276,7 @@ def train(target: Target, cache_dir: str | Path | list[str | Path], out_dir: str
         out.mkdir(parents=True, exist_ok=True)
     before = {k: v.clone() for k, v in target.model.state_dict().items()} if main else None
 
-    train_set, held = [], []
+    train_set, held = Samples([]), Samples([])  # views of the shards on disk: read a batch at a time
     for d in cache_dir if isinstance(cache_dir, list) else [cache_dir]:
         tr, he = split(load_cache(d), cfg)
         train_set, held = train_set + tr, held + he

@@ -1,0 +1,96 @@
+"""The on-disk form of self-distillation data: token ids only, compact enough to keep in git.
+
+A data directory holds `manifest.json` (target identity, settings, counts, resume point) and
+numbered shards. A shard is a safetensors file of three tensors - `ids` (all samples' tokens
+concatenated; uint16 when the vocabulary fits, else int32), `lengths` and `prompt_lengths` -
+compressed with xz (`shard_00000.safetensors.xz`, ~1.2 bytes per token for SmolLM2's text).
+Shards are written once and never rewritten, so a data set that grows over several sessions
+adds files instead of changing them. Plain `.safetensors` shards (the earlier format) are
+still read.
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from ..errors import DataError
+
+MANIFEST = "manifest.json"
+MANIFEST_KEYS = ("target", "settings", "num_samples", "num_shards", "num_tokens", "prompts_consumed")
+SUFFIX = ".safetensors.xz"
+
+
+def shard_path(data_dir: Path, index: int) -> Path:
+    """The shard's path: the compressed form, or a plain .safetensors one an older run wrote."""
+    packed = data_dir / f"shard_{index:05d}{SUFFIX}"
+    plain = data_dir / f"shard_{index:05d}.safetensors"
+    return plain if plain.is_file() and not packed.is_file() else packed
+
+
+def write_shard(path: Path, samples: list[tuple[list[int], int]]) -> None:
+    """samples: (token ids of prompt + response, prompt length). Written atomically."""
+    flat = [t for s, _ in samples for t in s]
+    dtype = torch.uint16 if max(flat, default=0) < 2**16 else torch.int32
+    tensors = {"ids": torch.tensor(flat, dtype=torch.int64).to(dtype),
+               "lengths": torch.tensor([len(s) for s, _ in samples], dtype=torch.int32),
+               "prompt_lengths": torch.tensor([p for _, p in samples], dtype=torch.int32)}
+    raw = st_save(tensors)
+    blob = lzma.compress(raw, preset=9) if path.name.endswith(".xz") else raw
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(blob)
+    tmp.rename(path)
+
+
+def read_shard(path: Path) -> list[tuple[torch.Tensor, int]]:
+    """(token ids (T,) int64, prompt length) per sample of one shard."""
+    try:
+        blob = path.read_bytes()
+        t = st_load(lzma.decompress(blob) if path.name.endswith(".xz") else blob)
+        ids, lengths, pls = t["ids"], t["lengths"], t["prompt_lengths"]
+    except (OSError, SafetensorError, lzma.LZMAError, KeyError) as e:
+        raise DataError(f"{path} is missing or unreadable ({e}). Rerun `mtpspec data` with the same flags "
+                        "to rewrite it.") from None
+    seqs = torch.split(ids.to(torch.int64), lengths.tolist())
+    return [(seq, int(pl)) for seq, pl in zip(seqs, pls.tolist())]
+
+
+def save_manifest(out: Path, m: dict[str, Any]) -> None:
+    tmp = out / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(m))
+    tmp.rename(out / MANIFEST)
+
+
+def read_manifest(data_dir: str | Path) -> dict[str, Any]:
+    """The manifest of a data directory written by `mtpspec data`; a DataError if there is none
+    or it is not one."""
+    d = Path(data_dir)
+    path = d / MANIFEST
+    if not path.is_file():
+        raise DataError(f"{d} is not an mtpspec data directory (no {MANIFEST}); run `mtpspec data` first.")
+    try:
+        m = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path} is not valid JSON ({e}); delete {d} and run `mtpspec data` again.") from None
+    missing = [k for k in MANIFEST_KEYS if not isinstance(m, dict) or k not in m]
+    if missing:
+        raise DataError(f"{path} is not an mtpspec data manifest (missing {', '.join(missing)}); "
+                        f"delete {d} and run `mtpspec data` again.")
+    return m
+
+
+def load_samples(data_dir: str | Path) -> list[tuple[torch.Tensor, int]]:
+    """All (token ids (T,), prompt length) pairs of a data directory, in shard order."""
+    d = Path(data_dir)
+    m = read_manifest(d)
+    out = [s for i in range(m["num_shards"]) for s in read_shard(shard_path(d, i))]
+    if not out:
+        raise DataError(f"{d} holds no samples yet.")
+    return out
