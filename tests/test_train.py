@@ -193,6 +193,33 @@ def test_activation_cache_resumes_and_checks_settings(tiny_run, tmp_path):
 
 
 
+def test_activation_cache_extends_when_the_data_grows(tiny_run, tmp_path):
+    import shutil
+
+    from mtpspec.training.shards import read_manifest, save_manifest, shard_path, write_shard
+
+    model, root = tiny_run
+    data = tmp_path / "data"
+    shutil.copytree(root / "data", data)
+    act = tmp_path / "act"
+    build_cache(Target(model), data, act, (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
+    first = (act / "act_00000.safetensors").stat().st_mtime_ns
+    before = len(load_cache(act))
+    # `mtpspec data` adds a shard: the full activation shards stay, the rest is computed
+    m = read_manifest(data)
+    new = [(list(range(4, 40)), 5), (list(range(40, 90)), 7)]
+    write_shard(shard_path(data, m["num_shards"]), new)
+    m.update(num_shards=m["num_shards"] + 1, num_samples=m["num_samples"] + 2)
+    save_manifest(data, m)
+    build_cache(Target(model), data, act, (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
+    grown = load_cache(act)
+    assert len(grown) == before + 2 and (act / "act_00000.safetensors").stat().st_mtime_ns == first
+    assert grown[len(grown) - 1].ids.tolist() == list(range(40, 90)) and grown[len(grown) - 1].prompt_len == 7
+    fresh = tmp_path / "fresh"
+    build_cache(Target(model), data, fresh, (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
+    assert all(torch.equal(x.top_ids, y.top_ids) and torch.equal(x.hidden, y.hidden) for x, y in zip(grown, load_cache(fresh)))
+
+
 def test_continuing_a_saved_head_starts_from_its_weights_and_vocabulary(tiny_run, tmp_path):
     from mtpspec.training.train import split
 

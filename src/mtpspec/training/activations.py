@@ -45,7 +45,7 @@ class Sample:
 
 
 def build_cache(target: Target, data_dir: str | Path, cache_dir: str | Path, hidden_layers: tuple[int, ...],
-                kv_layer: int, teacher_topk: int = 32, max_len: int = 512, per_shard: int = 64,
+                kv_layer: int, teacher_topk: int = 32, max_len: int = 768, per_shard: int = 64,
                 progress: bool = True) -> dict[str, Any]:
     samples = load_samples(data_dir)
     out = Path(cache_dir)
@@ -54,7 +54,6 @@ def build_cache(target: Target, data_dir: str | Path, cache_dir: str | Path, hid
     settings = {
         "target": asdict(target.identity()),
         "data": read_manifest(data_dir)["settings"],
-        "num_samples": len(samples),
         "hidden_layers": list(hidden_layers),
         "kv_layer": kv,
         "teacher_topk": teacher_topk,
@@ -62,15 +61,18 @@ def build_cache(target: Target, data_dir: str | Path, cache_dir: str | Path, hid
         "per_shard": per_shard,
         "dtype": str(target.dtype).removeprefix("torch."),
     }
+    n_shards = (len(samples) + per_shard - 1) // per_shard
     mpath = out / MANIFEST
+    done = 0
     if mpath.is_file():
         old = _read_manifest(out)
         if old["settings"] != settings:
             raise DataError(f"{out} holds activations for other settings; delete it or use another --out.")
-        done = old["num_shards"]
-    else:
-        done = 0
-    n_shards = (len(samples) + per_shard - 1) // per_shard
+        # The data set may have grown since (more shards from `mtpspec data`): its samples come in
+        # the same order, so every full shard stays valid and only the rest is computed.
+        done = min(old["num_shards"], old.get("num_samples", 0) // per_shard, len(samples) // per_shard)
+        if old["num_shards"] < old["total_shards"] and old.get("num_samples") == len(samples):
+            done = old["num_shards"]  # an interrupted build of the same data: resume it
     bar = tqdm(total=n_shards, initial=done, desc="caching target activations", unit="shard", disable=not progress)
     for s in range(done, n_shards):
         tensors: dict[str, torch.Tensor] = {}
@@ -91,7 +93,8 @@ def build_cache(target: Target, data_dir: str | Path, cache_dir: str | Path, hid
                 f"{i}.top_ids": top.indices.int(),
             })
         save_file(tensors, str(out / f"act_{s:05d}.safetensors"))
-        mpath.write_text(json.dumps({"settings": settings, "num_shards": s + 1, "total_shards": n_shards}))
+        mpath.write_text(json.dumps({"settings": settings, "num_samples": len(samples), "num_shards": s + 1,
+                                     "total_shards": n_shards}))
         bar.update(1)
     bar.close()
     return json.loads(mpath.read_text())
