@@ -193,6 +193,18 @@ def test_activation_cache_resumes_and_checks_settings(tiny_run, tmp_path):
 
 
 
+def test_activation_cache_from_a_bf16_target(tiny_run, tmp_path):
+    """The cache pass runs in bf16 (`--cache-dtype bf16`, the default): its K/V are views of the
+    target's cache in the cache's own dtype and must still be written."""
+    import copy
+
+    model, root = tiny_run
+    target = Target(copy.deepcopy(model).to(torch.bfloat16))
+    build_cache(target, root / "data", tmp_path / "act", (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
+    s = load_cache(tmp_path / "act")[0]
+    assert s.keys.dtype == torch.bfloat16 and s.keys.shape[1] == s.ids.shape[0]
+
+
 def test_activation_cache_extends_when_the_data_grows(tiny_run, tmp_path):
     import shutil
 

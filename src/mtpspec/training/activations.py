@@ -86,9 +86,9 @@ def build_cache(target: Target, data_dir: str | Path, cache_dir: str | Path, hid
             tensors.update({
                 f"{i}.ids": ids.int(),
                 f"{i}.prompt_len": torch.tensor([pl], dtype=torch.int32),
-                f"{i}.hidden": step.hidden[0].to(torch.bfloat16),
-                f"{i}.keys": keys[0].to(torch.bfloat16),
-                f"{i}.values": values[0].to(torch.bfloat16),
+                f"{i}.hidden": step.hidden[0].to(torch.bfloat16).contiguous(),
+                f"{i}.keys": keys[0].to(torch.bfloat16).contiguous(),  # a view of the cache's first T slots
+                f"{i}.values": values[0].to(torch.bfloat16).contiguous(),
                 f"{i}.top_logp": top.values.to(torch.float16),
                 f"{i}.top_ids": top.indices.int(),
             })
