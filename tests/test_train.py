@@ -280,3 +280,30 @@ def test_step_decay_weights_later_draft_steps_down(tiny_run):
     assert losses[1.0] > losses[0.5] > losses[0.01] > 0
     with pytest.raises(InputError, match="step_decay"):
         TrainConfig(step_decay=0.0)
+
+
+def test_total_variation_term_is_the_acceptance_gap():
+    """The TV term is 0 when the head puts exactly the teacher's probabilities on its top-k,
+    and equals 1 - P(a sampled draft passes) = TV(p, q) otherwise."""
+    from mtpspec.training.train import distill_loss
+
+    V = 6
+    teacher = torch.tensor([0.5, 0.3, 0.2])  # on ids 4, 1, 2
+    top_ids = torch.tensor([[[4, 1, 2]]])
+    top_logp = teacher.log()[None, None]
+    valid = torch.ones(1, 1, dtype=torch.bool)
+    labels = torch.tensor([[4]])
+    exact = torch.full((1, 1, V), -1e9)
+    exact[0, 0, [4, 1, 2]] = teacher.log()
+    base, _ = distill_loss(exact, top_logp, top_ids, labels, valid, None, 0.0)
+    with_tv, _ = distill_loss(exact, top_logp, top_ids, labels, valid, None, 0.0, tv_weight=1.0)
+    assert torch.allclose(with_tv, base, atol=1e-6)
+    uniform = torch.zeros(1, 1, V)
+    q = torch.full((V,), 1 / V)
+    p = torch.zeros(V)
+    p[[4, 1, 2]] = teacher
+    base, _ = distill_loss(uniform, top_logp, top_ids, labels, valid, None, 0.0)
+    with_tv, _ = distill_loss(uniform, top_logp, top_ids, labels, valid, None, 0.0, tv_weight=1.0)
+    tv = 0.5 * (p - q).abs().sum()
+    assert torch.allclose(with_tv - base, tv, atol=1e-6)
+    assert abs(float(1 - torch.minimum(p, q).sum()) - float(tv)) < 1e-6  # TV = 1 - acceptance probability

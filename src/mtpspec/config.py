@@ -121,6 +121,9 @@ class TrainConfig:
     # target's own final hidden state at the same position - dense supervision per row. Used
     # when the head reads the final layer (hidden_layers ending in -1).
     feature_weight: float = 1.0
+    # Weight of a total-variation term between the teacher's and the head's distributions
+    # (1 - TV is the speculative-sampling acceptance probability), added to the KL-style loss.
+    tv_weight: float = 0.0
     # Weight of draft step j's loss is step_decay ** j (1.0 = all steps equal). A later draft
     # only pays off when every earlier one was accepted, so the early steps matter most.
     step_decay: float = 1.0
@@ -138,6 +141,8 @@ class TrainConfig:
             raise InputError("holdout must be in [0, 1).")
         if self.lr <= 0:
             raise InputError("lr must be > 0.")
+        if self.tv_weight < 0:
+            raise InputError(f"tv_weight must be >= 0, got {self.tv_weight}.")
         if not 0.0 < self.step_decay <= 1.0:
             raise InputError(f"step_decay must be in (0, 1], got {self.step_decay}.")
         if self.draft_model_hidden < 1 or self.draft_model_layers < 1:

@@ -82,8 +82,12 @@ def target_rows(batch: dict[str, torch.Tensor], offset: int) -> torch.Tensor:
 
 
 def distill_loss(logits: torch.Tensor, top_logp: torch.Tensor, top_ids: torch.Tensor, labels: torch.Tensor,
-                 valid: torch.Tensor, vocab_map: torch.Tensor | None, label_weight: float) -> tuple[torch.Tensor, int]:
-    """Sum over valid rows of CE(teacher top-k, student) + label_weight * CE(label, student).
+                 valid: torch.Tensor, vocab_map: torch.Tensor | None, label_weight: float,
+                 tv_weight: float = 0.0) -> tuple[torch.Tensor, int]:
+    """Sum over valid rows of CE(teacher top-k, student) + label_weight * CE(label, student)
+    + tv_weight * TV(teacher, student). The total-variation distance is what speculative
+    sampling loses (a draft from q passes with probability 1 - TV(p, q)): a loss aligned with
+    acceptance rather than with likelihood. Teacher mass is its renormalised top-k.
 
     logits: (B, T, V') student. top_logp/top_ids: (B, T, k) teacher over the full vocabulary.
     vocab_map: (V,) full id -> draft index or -1 (None: identity). Teacher mass on tokens the
@@ -98,7 +102,11 @@ def distill_loss(logits: torch.Tensor, top_logp: torch.Tensor, top_ids: torch.Te
     p = t_logp.softmax(-1)  # (N, k) renormalised teacher
     soft = -(p * logp.gather(-1, t_ids)).sum(-1)  # (N,)
     hard = F.nll_loss(logp, y.clamp_min(0), reduction="none") * (y >= 0)
-    return (soft + label_weight * hard).sum(), int(valid.sum())
+    loss = soft + label_weight * hard
+    if tv_weight:
+        q = logp.gather(-1, t_ids).exp()  # (N, k) student mass on the teacher's tokens
+        loss = loss + tv_weight * 0.5 * ((p - q).abs().sum(-1) + (1 - q.sum(-1)).clamp_min(0))
+    return loss.sum(), int(valid.sum())
 
 
 # -- the two objectives: MTP head, draft model ---------------------------------------------------
@@ -133,7 +141,8 @@ class MTPObjective:
             top_logp = F.pad(batch["top_logp"][:, shift:], (0, 0, 0, shift), value=-1e4)[:, start:]
             top_ids = F.pad(batch["top_ids"][:, shift:], (0, 0, 0, shift))[:, start:]
             labels = F.pad(ids[:, 2 + j:], (0, 2 + j))[:, start:]
-            s, n = distill_loss(lg, top_logp, top_ids, labels, valid, self.vocab_map, self.cfg.label_weight)
+            s, n = distill_loss(lg, top_logp, top_ids, labels, valid, self.vocab_map, self.cfg.label_weight,
+                                self.cfg.tv_weight)
             if use_feat:  # the target's final hidden at t+1+j is the state the head should reach
                 h = F.pad(batch["hidden"][:, shift:, -D:], (0, 0, 0, shift))[:, start:].float()
                 s = s + self.cfg.feature_weight * F.smooth_l1_loss(normed[valid].float(), h[valid], reduction="none").mean(-1).sum()
