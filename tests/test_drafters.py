@@ -11,6 +11,7 @@ from conftest import FAMILIES, hf_greedy, tiny_model
 import mtpspec
 from mtpspec import DraftInput, SamplingConfig
 from mtpspec.core.drafters import HybridDrafter, LookupDrafter, TreeConfig, TreeDrafter, lookup
+from mtpspec.core.tree import spine_first
 
 
 def test_lookup_finds_the_latest_longest_match():
@@ -40,6 +41,26 @@ def test_tree_is_well_formed_and_width_one_is_the_chain():
     chain = head.propose(inp, 4, SamplingConfig(), None).tokens
     narrow = TreeDrafter(head, TreeConfig(width=1, beam=1, max_depth=4)).propose(inp, 4, SamplingConfig(), None)
     assert narrow.is_chain and torch.equal(narrow.tokens, chain)
+
+
+def test_the_spine_verified_first_is_the_heads_greedy_chain():
+    """Decoding verifies a tree spine first (the first child, repeatedly): for the head's tree
+    that is its most likely path, a prefix of the head's own greedy chain; for the hybrid, the
+    lookup branch."""
+    model = tiny_model("llama")
+    base = torch.randint(4, 97, (1, 10), generator=torch.Generator().manual_seed(3))
+    ids = torch.cat([base, base[:, :4]], 1)
+    t, inp = _input(model, ids)
+    head = mtpspec.MTPHead.for_target(t)
+    d = TreeDrafter(head, TreeConfig(width=3, beam=2, max_depth=4)).propose(inp, 9, SamplingConfig(), None)
+    order, parents = spine_first(d.parent_list())
+    spine = next((j for j, p in enumerate(parents) if p != j - 1), len(parents))  # leading chain length
+    assert not d.is_chain and 1 <= spine < 9
+    chain = head.propose(inp, 4, SamplingConfig(), None).tokens
+    assert d.tokens[order[:spine]].tolist() == chain[:spine].tolist()
+    hyb = HybridDrafter(head, lookup_tokens=3)
+    order, _ = spine_first(hyb.propose(inp, 8, SamplingConfig(), None).parent_list())
+    assert order[:3] == [0, 1, 2]  # the lookup branch leads
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -12,7 +12,8 @@ from conftest import FAMILIES, hf_greedy, tiny_model
 
 import mtpspec
 from mtpspec import Draft
-from mtpspec.core.tree import children, depths, path_to, positions, tree_mask
+from mtpspec.core.decode import _spine_first
+from mtpspec.core.tree import children, depths, path_to, positions, spine_first, tree_mask
 from mtpspec.core.verify import accept_greedy_tree
 
 #        root(0)
@@ -23,6 +24,17 @@ from mtpspec.core.verify import accept_greedy_tree
 #   |
 # d5(6)
 PARENTS = [-1, -1, 0, 0, 1, 2]
+
+# The same shape of draft, spine first: a leading chain d0 d1 d2 d3 (rows 0..4 attend the cache
+# itself), then side branches at depths 1, 2, 3 and 2, 3 below them.
+#   root(0) - d0(1) - d1(2) - d2(3) - d3(4)
+#     |         |       \
+#   d4(5)     d5(6)     d6(7)
+#     |         |
+#   d7(8)     d8(9)
+SPINE_TREE = [-1, 0, 1, 2, -1, 0, 1, 4, 5]
+# A tree whose spine (d0 d3 d4) is scattered among side branches at depths 1, 2 and 3.
+SCATTERED = [-1, -1, 1, 0, 3, 0, 5, 2]
 
 
 def test_mask_matches_hand_drawn():
@@ -57,6 +69,39 @@ def test_depths_positions_paths_children():
 def test_bad_parents_are_refused(bad):
     with pytest.raises(mtpspec.InputError, match="parent"):
         tree_mask(bad)
+
+
+def test_spine_first_on_a_hand_drawn_tree():
+    # PARENTS' spine: d0, its first child d2, its first child d5; then d1 d3 d4 as they came
+    order, parents = spine_first(PARENTS)
+    assert order == [0, 2, 5, 1, 3, 4]
+    assert parents == [-1, 0, 1, -1, 0, 3]
+    assert [PARENTS[o] for o in order] == [-1 if p == -1 else order[p] for p in parents]  # same edges
+    mask = tree_mask(parents)  # root and spine: a leading chain of four verify rows
+    assert torch.equal(mask[:4, :4], torch.ones(4, 4, dtype=torch.bool).tril()) and not mask[:4, 4:].any()
+    # the spine's first child may come after its siblings' subtrees
+    assert spine_first([-1, -1, 1, 0]) == ([0, 3, 1, 2], [-1, 0, -1, 2])
+
+
+@pytest.mark.parametrize("parents", [PARENTS, SPINE_TREE, [-1, -1, -1, 2, 0], [-1, 0, 1, 2], [-1], []])
+def test_spine_first_is_idempotent_and_leaves_chains_alone(parents):
+    order, new = spine_first(parents)
+    assert sorted(order) == list(range(len(parents)))
+    assert all(-1 <= p < i for i, p in enumerate(new))  # still topological
+    assert spine_first(new) == (list(range(len(new))), new)
+    if parents == list(range(-1, len(parents) - 1)):
+        assert (order, new) == (list(range(len(parents))), parents)
+
+
+def test_spine_first_draft_permutes_tokens_and_q_together():
+    tokens = torch.tensor([10, 11, 12, 13, 14, 15])
+    q = torch.nn.functional.one_hot(tokens, 20).float()  # (N, V): row i is draft i's own law
+    d = _spine_first(Draft(tokens=tokens, parents=torch.tensor(PARENTS), q=q))
+    assert d.tokens.tolist() == [10, 12, 15, 11, 13, 14]
+    assert d.parent_list() == [-1, 0, 1, -1, 0, 3]
+    assert torch.equal(d.q.argmax(-1), d.tokens)
+    chain = Draft(tokens=tokens[:3])
+    assert _spine_first(chain) is chain
 
 
 def test_greedy_tree_acceptance_follows_the_argmax_branch():
@@ -172,23 +217,32 @@ def test_bf16_tree_equals_plain_decoding(family):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_tree_verify_rows_are_bitwise_plain_decoding(dtype):
+@pytest.mark.parametrize("parents", [
+    PARENTS,  # the root branches at once: only root and d0 attend the cache itself
+    SPINE_TREE,  # a spine of four drafts on the cache, side branches on copies at depths 1 to 3
+    SCATTERED,  # as drafted: only root and d0 on the cache
+    spine_first(SCATTERED)[1],  # the same tree spine first: root, d0, d3, d4 on the cache
+    [-1, 0, 1, 2],  # a chain passed as a tree: all rows on the cache
+])
+@pytest.mark.parametrize("family, extra", [("llama", {}), ("mistral", {"sliding_window": 6})])
+def test_tree_verify_rows_are_bitwise_plain_decoding(dtype, parents, family, extra):
     """The logits of every tree node equal, bit for bit, the logits of decoding its path one
-    token at a time (the property behind exact tree verification in any dtype)."""
-    model = tiny_model("llama", hidden_size=64, intermediate_size=128, initializer_range=0.1).to(dtype)
+    token at a time (the property behind exact tree verification in any dtype), whether the
+    node attends the cache itself (a leading chain) or a copy of it, also past a sliding window."""
+    model = tiny_model(family, hidden_size=64, intermediate_size=128, initializer_range=0.1, **extra).to(dtype)
     t = mtpspec.Target(model)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(4, 97, (1, 37), generator=g)
-    tokens = torch.randint(4, 97, (len(PARENTS),), generator=g)
+    tokens = torch.randint(4, 97, (len(parents),), generator=g)
     cache = t.new_cache(128)
     t.forward(prompt[:, :-1], cache)
     L = cache.length
     rows = torch.cat([prompt[:, -1:], tokens[None]], 1)
-    tree = t.forward(rows, cache, positions=positions(PARENTS, L), tree_mask=tree_mask(PARENTS)).logits[0]
-    for node in range(len(PARENTS) + 1):
-        path = path_to(PARENTS, node)
+    tree = t.forward(rows, cache, positions=positions(parents, L), tree_mask=tree_mask(parents)).logits[0]
+    for node in range(len(parents) + 1):
+        path = path_to(parents, node)
         plain = t.new_cache(128)
         t.forward(prompt[:, :-1], plain)
         for r in path:
             logits = t.forward(rows[:, r:r + 1], plain).logits[0, 0]
-        assert torch.equal(logits, tree[node]), (dtype, node)
+        assert torch.equal(logits, tree[node]), (dtype, parents, family, node)

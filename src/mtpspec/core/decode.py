@@ -27,7 +27,7 @@ from .kernels import R_MAX
 from .sampling import make_generator, probs_from_logits, sample
 from .stats import DecodeStats
 from .target import KVCache, Target
-from .tree import depths, positions, tree_mask
+from .tree import depths, positions, spine_first, tree_mask
 from .verify import accept
 
 MAX_TREE_SLACK = 64  # cache slots past prompt + max_new_tokens that a verify pass may use
@@ -146,6 +146,7 @@ def step(target: Target, drafter: Drafter | None, state: DecodeState, num_draft_
             raise InputError(f"{type(drafter).__name__}.propose returned {draft.tokens.shape[0]} tokens, expected at most {k}.")
     else:
         draft = Draft(tokens=state.tokens.new_empty(0))
+    draft = _spine_first(draft)  # a tree's likeliest path verifies on the cache itself, uncopied
     parents = draft.parent_list()
     t1 = time.perf_counter()
 
@@ -217,6 +218,18 @@ def generate(
             break
         new = step(t, drafter, state, k)
     return GenerateOutput(sequences=state.tokens, stats=state.stats)
+
+
+def _spine_first(draft: Draft) -> Draft:
+    """The same draft, its spine first (`tree.spine_first`): tokens, parents and q rows
+    permuted together. Acceptance then returns rows of this reordered draft, which is the one
+    verified."""
+    if draft.is_chain:
+        return draft
+    order, parents = spine_first(draft.parent_list())
+    idx = torch.tensor(order, dtype=torch.long)
+    return Draft(tokens=draft.tokens[idx.to(draft.tokens.device)], parents=torch.tensor(parents, dtype=torch.long),
+                 q=None if draft.q is None else draft.q[idx.to(draft.q.device)])
 
 
 def _check_draft_count(num_draft_tokens: int) -> None:

@@ -505,15 +505,21 @@ class Target:
         if tree_mask is None:  # (T, S): every committed slot, then the new ones causally
             mask = slots[None, :] <= start + torch.arange(T, device=dev)[:, None]
         else:
-            # A tree row reads its own copy of the cache in which its ancestors and itself sit
-            # right after the committed slots, in depth order: exactly the slots, order and
-            # shapes it would see if its path had been decoded one token at a time. (Shared
-            # slots would put an ancestor elsewhere among masked slots, and attention sums in
-            # a different order.) gather (T, S) maps each row's slot to a cache slot.
-            gather = slots.repeat(T, 1)
+            # A tree row must see exactly the slots, order and shapes it would see if its path
+            # had been decoded one token at a time: its ancestors and itself right after the
+            # committed slots, in depth order. (Shared slots would put an ancestor elsewhere
+            # among masked slots, and attention sums in a different order.) The leading rows
+            # whose ancestors are exactly the rows before them (the spine, when the draft is
+            # ordered spine first: `tree.spine_first`) already have that layout in the cache
+            # itself, and attend it directly as a chain verify does; every later row reads its
+            # own copy, gather (T - C, S) mapping its slots to cache slots.
+            causal = torch.ones(T, T, dtype=torch.bool, device=tree_mask.device).tril()
+            rows_ok = (tree_mask == causal).all(-1).tolist() + [False]  # (T + 1,)
+            C = rows_ok.index(False)  # leading rows that attend the cache as it is
             seen = tree_mask.sum(-1).tolist()  # ancestors + self, per row
-            for r in range(T):
-                gather[r, start:start + seen[r]] = start + tree_mask[r].nonzero()[:, 0]
+            gather = slots.repeat(T - C, 1)  # (T - C, S)
+            for r in range(C, T):
+                gather[r - C, start:start + seen[r]] = start + tree_mask[r].nonzero()[:, 0]
             mask = slots[None, :] < start + torch.tensor(seen, device=dev)[:, None]  # (T, S)
         # In the attention layout a key's slot is its position (chain: by construction; tree:
         # the gathered layout), so a sliding window is one more mask condition.
@@ -552,13 +558,20 @@ class Target:
             m = masks[self.windows[i]]  # (T, S)
             if gather is None:
                 a = attention(q, cache.keys[i][None], cache.values[i][None], m, L.scale, plan.attention, cap)[0]  # (H, T, hd)
-            else:  # one batch element per (kv head, row): the shapes of a one-row pass, Hk * T times
-                kr = cache.keys[i][:, gather].view(Hk * T, 1, S, hd)  # gathered: (Hk, T, S, hd)
-                vr = cache.values[i][:, gather].view(Hk * T, 1, S, hd)
-                qr = q[0].view(Hk, H // Hk, T, hd).transpose(1, 2).reshape(Hk * T, H // Hk, 1, hd)
-                mr = m.expand(Hk, T, S).reshape(Hk * T, 1, S)
-                a = attention(qr, kr, vr, mr, L.scale, plan.attention, cap)  # (Hk * T, g, 1, hd)
-                a = a.view(Hk, T, H // Hk, hd).transpose(1, 2).reshape(H, T, hd)
+            else:
+                parts = []
+                if C:  # the spine on the cache itself: a C-row chain verify (same q strides, same mask rows)
+                    parts.append(attention(q[:, :, :C], cache.keys[i][None], cache.values[i][None], m[:C], L.scale,
+                                           plan.attention, cap)[0])  # (H, C, hd)
+                if C < T:  # one batch element per (kv head, gathered row): a one-row pass's shapes, Hk * G times
+                    G = T - C
+                    kr = cache.keys[i][:, gather].view(Hk * G, 1, S, hd)  # gathered: (Hk, G, S, hd)
+                    vr = cache.values[i][:, gather].view(Hk * G, 1, S, hd)
+                    qr = q[0, :, C:].reshape(Hk, H // Hk, G, hd).transpose(1, 2).reshape(Hk * G, H // Hk, 1, hd)
+                    mr = m[C:].expand(Hk, G, S).reshape(Hk * G, 1, S)
+                    ag = attention(qr, kr, vr, mr, L.scale, plan.attention, cap)  # (Hk * G, g, 1, hd)
+                    parts.append(ag.view(Hk, G, H // Hk, hd).transpose(1, 2).reshape(H, G, hd))
+                a = torch.cat(parts, 1)  # (H, T, hd): rows back in order, the spine's first
             out = linear(a.transpose(0, 1).reshape(T, H * hd), *L.o, plan.linear)  # (T, D)
             if L.attn_out is not None:
                 out = L.attn_out(out)

@@ -56,3 +56,24 @@ def children(parents: list[int]) -> list[list[int]]:
     for i, p in enumerate(parents):
         kids[p + 1].append(i + 1)
     return kids
+
+
+def spine_first(parents: list[int]) -> tuple[list[int], list[int]]:
+    """Reorder a draft so that its spine comes first: from the root, repeatedly the first child
+    in draft order (a drafter's most likely path), in depth order; then every other draft in
+    its original relative order. Returns (order, new parents): new draft j is old draft
+    order[j]. Each parent still precedes its children, siblings keep their relative order (so
+    acceptance tries them in the same turn), and a chain is unchanged. Why: the verify pass runs
+    leading rows that form a chain straight on the cache, and only the rest on copies of it
+    (`Target.forward`)."""
+    _check(parents)
+    kids = children(parents)
+    spine, row = [], 0
+    while kids[row]:
+        row = kids[row][0]
+        spine.append(row - 1)
+    on_spine = set(spine)
+    order = spine + [i for i in range(len(parents)) if i not in on_spine]
+    new_index = {old: new for new, old in enumerate(order)}
+    new_index[-1] = -1
+    return order, [new_index[parents[old]] for old in order]
