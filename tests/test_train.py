@@ -307,3 +307,26 @@ def test_total_variation_term_is_the_acceptance_gap():
     tv = 0.5 * (p - q).abs().sum()
     assert torch.allclose(with_tv - base, tv, atol=1e-6)
     assert abs(float(1 - torch.minimum(p, q).sum()) - float(tv)) < 1e-6  # TV = 1 - acceptance probability
+
+
+def test_micro_batches_take_the_same_step_as_whole_batches(tiny_run, tmp_path):
+    """Cutting each batch into token-bounded parts (gradient accumulation) changes memory, not
+    the optimisation: same losses and same weights as whole batches, up to float rounding."""
+    from mtpspec.training.train import token_chunks
+
+    model, root = tiny_run
+    samples = load_cache(root / "act")
+    parts = token_chunks(samples[:8], 100)
+    assert sum(len(p) for p in parts) == 8 and len(parts) > 1
+    assert all(len(p) * max(s.ids.shape[0] for s in p) <= 100 or len(p) == 1 for p in parts)
+    runs = {}
+    for tokens in (0, 100):
+        cfg = TrainConfig(epochs=1, micro_batch_tokens=tokens, **FAST)
+        train(Target(model), root / "act", tmp_path / f"m{tokens}", cfg, HeadConfig(), max_steps=3, progress=False)
+        lines = (tmp_path / f"m{tokens}" / "metrics.jsonl").read_text().splitlines()
+        runs[tokens] = [(json.loads(line)["loss"], json.loads(line)["grad_norm"]) for line in lines]
+    # the gradient's scale too (Adam would hide a wrong one in the weights)
+    assert [x for pair in runs[0] for x in pair] == pytest.approx([x for pair in runs[100] for x in pair], rel=1e-4)
+    a = torch.load(tmp_path / "m0" / "checkpoint.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "m100" / "checkpoint.pt", weights_only=False)["model"]
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)

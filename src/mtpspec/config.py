@@ -102,6 +102,9 @@ class TrainConfig:
     epochs: int = 2
     # Sequences per optimizer step (global, summed over DDP ranks).
     batch_size: int = 16
+    # A batch runs in parts of at most this many (padded) tokens, gradients accumulated: the
+    # unrolled head's logits take K x V' floats per token (0 = the whole batch at once).
+    micro_batch_tokens: int = 4096
     # Peak learning rate of AdamW, reached after `warmup_steps`, then cosine to 10% of it.
     lr: float = 1e-3
     warmup_steps: int = 50
@@ -141,6 +144,8 @@ class TrainConfig:
             raise InputError("holdout must be in [0, 1).")
         if self.lr <= 0:
             raise InputError("lr must be > 0.")
+        if self.micro_batch_tokens < 0:
+            raise InputError(f"micro_batch_tokens must be >= 0 (0 = whole batches), got {self.micro_batch_tokens}.")
         if self.tv_weight < 0:
             raise InputError(f"tv_weight must be >= 0, got {self.tv_weight}.")
         if not 0.0 < self.step_decay <= 1.0:

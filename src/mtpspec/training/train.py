@@ -17,11 +17,12 @@ row count, so N processes follow the same curve as one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,28 @@ def collate(samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
         out["top_logp"][i, :n] = s.top_logp.float()
         out["top_ids"][i, :n] = s.top_ids
     return out
+
+
+def token_chunks(samples: Sequence[Sample], max_tokens: int) -> list[list[Sample]]:
+    """Consecutive groups of samples whose padded size (count x longest) stays within
+    max_tokens (at least one sample each; 0 = one group): the unrolled head's logits are
+    K x V' floats per token, so a batch of long passages must be run in parts."""
+    groups: list[list[Sample]] = []
+    for s in samples:
+        n = s.ids.shape[0]
+        g = groups[-1] if groups else None
+        if g is not None and (max_tokens <= 0 or (len(g) + 1) * max(n, max(x.ids.shape[0] for x in g)) <= max_tokens):
+            g.append(s)
+        else:
+            groups.append([s])
+    return groups
+
+
+def eval_batches(samples: Sequence[Sample], batch_size: int, max_tokens: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Collated batches of `batch_size` samples, each cut into token-bounded parts."""
+    for i in range(0, len(samples), batch_size):
+        for part in token_chunks(samples[i:i + batch_size], max_tokens):
+            yield collate(part)
 
 
 def target_rows(batch: dict[str, torch.Tensor], offset: int) -> torch.Tensor:
@@ -156,8 +179,7 @@ class MTPObjective:
         1 + the number of leading steps whose draft equals the data's next token."""
         K = self.cfg.max_draft_tokens
         runs, hits = [], torch.zeros(K)
-        for i in range(0, len(samples), batch_size):
-            b = collate(samples[i:i + batch_size])
+        for b in eval_batches(samples, batch_size, self.cfg.micro_batch_tokens):
             with _autocast(self.cfg.bf16):
                 logits = self.head(b["hidden"].float(), b["ids"], b["keys"].float(), b["values"].float(), K)
             valid = target_rows(b, 1 + K)  # all K steps have a label
@@ -196,8 +218,7 @@ class DraftModelObjective:
     def acceptance(self, samples: Sequence[Sample], batch_size: int) -> dict[str, float]:
         """Greedy next-token agreement with the data (the draft model's step-1 rate)."""
         hit = tot = 0
-        for i in range(0, len(samples), batch_size):
-            b = collate(samples[i:i + batch_size])
+        for b in eval_batches(samples, batch_size, self.cfg.micro_batch_tokens):
             mask = (torch.arange(b["ids"].shape[1]).unsqueeze(0) < b["lengths"].unsqueeze(1)).long()
             with _autocast(self.cfg.bf16):
                 pred = self.model(input_ids=b["ids"], attention_mask=mask).logits.argmax(-1)
@@ -336,16 +357,26 @@ def train(target: Target, cache_dir: str | Path | list[str | Path], out_dir: str
         epoch, within = divmod(step, steps_per_epoch)
         idx = epoch_batches(len(train_set), cfg, epoch)[within]
         mine = idx[rank::world]  # this rank's slice of the global batch
-        batch = collate([train_set[i] for i in mine])
-        # normalise by the global row count so N ranks follow one process's curve
-        with _autocast(cfg.bf16):
-            loss_sum, rows = obj.loss(model, batch)
+        # Gradients of the summed loss, accumulated over token-bounded parts of the batch (DDP
+        # syncs on each rank's last part only), then divided by the global row count, so the
+        # step is that of one batch in one process whatever the parts and ranks.
+        opt.zero_grad(set_to_none=True)
+        parts = token_chunks([train_set[i] for i in mine], cfg.micro_batch_tokens)
+        loss_sum, rows = torch.zeros(()), 0
+        for n, part in enumerate(parts):
+            sync = world == 1 or n == len(parts) - 1
+            with contextlib.nullcontext() if sync else model.no_sync():  # type: ignore[operator]
+                with _autocast(cfg.bf16):
+                    part_sum, part_rows = obj.loss(model, collate(part))
+                part_sum.backward()
+            loss_sum, rows = loss_sum + part_sum.detach(), rows + part_rows
         global_rows = torch.tensor(float(rows))
         if world > 1:
             dist.all_reduce(global_rows)
-        loss = loss_sum * world / global_rows.clamp_min(1)  # DDP averages gradients over ranks
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        scale = world / float(global_rows.clamp_min(1))  # DDP averages gradients over ranks
+        for p in module.parameters():
+            if p.grad is not None:
+                p.grad.mul_(scale)
         gnorm = nn.utils.clip_grad_norm_(module.parameters(), cfg.clip)
         opt.step()
         sched.step()
