@@ -272,6 +272,7 @@ class Target:
         self.interleaved_rope = model_type in _INTERLEAVED_ROPE
         self._rope_tables = _rope_tables_per_layer(cfg)
         self._layers = [self._read_layer(i, layer) for i, layer in enumerate(model.model.layers)]
+        self._rope_keys = sorted({L.rope for L in self._layers if L.rope is not None})  # tables a forward computes
         self.windows = _sliding_windows(cfg, model_type)
         # Elementwise scales and caps (1.0 / None = absent): Granite's multipliers, Gemma 2's caps.
         self.embedding_multiplier = float(getattr(cfg, "embedding_multiplier", None) or 1.0)
@@ -530,7 +531,7 @@ class Target:
 
         x = self.embed_tokens(input_ids)[0]  # (T, D)
         ropes = {}  # rotary table -> (cos, sin), (1, 1, T, hd) each
-        for key in {L.rope for L in self._layers if L.rope is not None}:
+        for key in self._rope_keys:
             cos, sin = self._rope_table(key, x, positions[None])  # (1, T, hd) each
             ropes[key] = cos[:, None], sin[:, None]
         n_feat = self.num_layers + 1

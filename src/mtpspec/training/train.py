@@ -80,13 +80,15 @@ def token_chunks(samples: Sequence[Sample], max_tokens: int) -> list[list[Sample
     max_tokens (at least one sample each; 0 = one group): the unrolled head's logits are
     K x V' floats per token, so a batch of long passages must be run in parts."""
     groups: list[list[Sample]] = []
+    longest = 0
     for s in samples:
         n = s.ids.shape[0]
-        g = groups[-1] if groups else None
-        if g is not None and (max_tokens <= 0 or (len(g) + 1) * max(n, max(x.ids.shape[0] for x in g)) <= max_tokens):
-            g.append(s)
+        if groups and (max_tokens <= 0 or (len(groups[-1]) + 1) * max(n, longest) <= max_tokens):
+            groups[-1].append(s)
+            longest = max(n, longest)
         else:
             groups.append([s])
+            longest = n
     return groups
 
 
