@@ -25,8 +25,8 @@ PROMPTS = [
     {"question_id": 3, "category": "code", "turns": ["w30 w31 w30 w31 w30"]},
     {"question_id": 4, "category": "code", "turns": ["w40"]},
 ]
-ALL_METHODS = ["hf", "k0", "mtp", "mtp-tree", "hybrid", "assisted", "lookup", "mtp_k1", "mtp_k2"]
-MTPSPEC_METHODS = ["k0", "mtp", "mtp-tree", "hybrid", "mtp_k1", "mtp_k2"]
+ALL_METHODS = ["hf", "k0", "mtp", "mtp-tree", "hybrid", "switch", "assisted", "lookup", "mtp_k1", "mtp_k2"]
+MTPSPEC_METHODS = ["k0", "mtp", "mtp-tree", "hybrid", "switch", "mtp_k1", "mtp_k2"]
 
 
 def write_prompts(path, prompts=PROMPTS):
@@ -102,7 +102,7 @@ def test_forward_counts_and_acceptance(bench_run):
         assert overall[m]["forwards_per_token"] <= 1.0 and overall[m]["mean_accepted"] >= 1.0
     assert len(overall["mtp"]["position_acceptance"]) == 3 and len(overall["mtp_k2"]["position_acceptance"]) == 2
     assert overall["hf"]["position_acceptance"] is None
-    assert res["method_k"] == {"hf": None, "k0": 0, "mtp": 3, "mtp-tree": 5, "hybrid": 5, "assisted": None,
+    assert res["method_k"] == {"hf": None, "k0": 0, "mtp": 3, "mtp-tree": 5, "hybrid": 5, "switch": 6, "assisted": None,
                                "lookup": None, "mtp_k1": 1, "mtp_k2": 2}
     by_category = [s for s in res["summaries"] if s["method"] == "mtp" and s["category"] != "all"]
     assert sum(s["new_tokens"] for s in by_category) == overall["mtp"]["new_tokens"]

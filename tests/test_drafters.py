@@ -4,14 +4,16 @@ them (its exactness is tested in test_sampling.py and test_verify.py)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import FAMILIES, hf_greedy, tiny_model
 
 import mtpspec
 from mtpspec import DraftInput, SamplingConfig
-from mtpspec.core.drafters import HybridDrafter, LookupDrafter, TreeConfig, TreeDrafter, lookup
-from mtpspec.core.tree import spine_first
+from mtpspec.core.drafters import HybridDrafter, LookupDrafter, SwitchDrafter, TreeConfig, TreeDrafter, lookup
+from mtpspec.core.tree import children, spine_first
 
 
 def test_lookup_finds_the_latest_longest_match():
@@ -72,7 +74,8 @@ def test_tree_and_hybrid_greedy_equal_hf_greedy(family):
         ids = torch.cat([base, base], 1)  # a repeated prompt: lookup finds matches
         ref = hf_greedy(model, ids, 32, eos=[])
         for drafter in (TreeDrafter(head, TreeConfig(width=2, beam=2)), HybridDrafter(head, lookup_tokens=3),
-                        LookupDrafter()):
+                        LookupDrafter(), SwitchDrafter(head, head_tokens=3),
+                        TreeDrafter(head, TreeConfig(width=3, beam=2, min_branch_prob=0.2))):
             out = mtpspec.generate(model, drafter, ids, max_new_tokens=32, num_draft_tokens=6, eos_token_id=[])
             assert torch.equal(out.sequences, ref), (family, type(drafter).__name__, length)
     out = mtpspec.generate(model, head, ids, max_new_tokens=32, num_draft_tokens=6, eos_token_id=[], tree=True)
@@ -114,6 +117,51 @@ def test_sampled_trees_run_and_greedy_trees_stay_plain():
     others = {tuple(mtpspec.generate(model, head, ids, tree=True, seed=s, **sampling).sequences[0].tolist())
               for s in range(2, 5)}
     assert len(others | {tuple(first.sequences[0].tolist())}) > 1  # the seed matters
-    for drafter in (HybridDrafter(head, lookup_tokens=3), LookupDrafter()):
+    for drafter in (HybridDrafter(head, lookup_tokens=3), LookupDrafter(), SwitchDrafter(head)):
         out = mtpspec.generate(model, drafter, ids, seed=1, **sampling)
         assert out.sequences.shape == first.sequences.shape, type(drafter).__name__
+
+
+def test_switch_drafts_the_lookup_when_the_text_repeats_else_the_heads_chain():
+    model = tiny_model("llama")
+    base = torch.randint(4, 97, (1, 10), generator=torch.Generator().manual_seed(3))
+    t, inp = _input(model, torch.cat([base, base[:, :4]], 1))  # the tail "b0 b1 b2 b3" occurred at the start
+    head = mtpspec.MTPHead.for_target(t)
+    switch = SwitchDrafter(head, head_tokens=3)
+    d = switch.propose(inp, 5, SamplingConfig(), None)
+    assert switch.last == "lookup" and d.is_chain and d.tokens.tolist() == base[0, 4:9].tolist()
+    fresh = torch.arange(20, 34)[None]  # nothing repeats
+    t, inp = _input(model, fresh)
+    d = switch.propose(inp, 5, SamplingConfig(), None)
+    assert switch.last == "head" and d.tokens.tolist() == head.propose(inp, 3, SamplingConfig(), None).tokens.tolist()
+    with pytest.raises(mtpspec.InputError, match="min_lookup"):
+        SwitchDrafter(head, min_lookup=0)
+
+
+def test_a_branch_floor_keeps_the_spine_and_drops_unlikely_branches():
+    """TreeConfig.min_branch_prob: the head's greedy chain stays whole; every other node kept
+    has at least that cumulative draft probability; a floor of 1 leaves the chain alone."""
+    model = tiny_model("llama")
+    ids = torch.randint(4, 97, (1, 12), generator=torch.Generator().manual_seed(0))
+    t, inp = _input(model, ids)
+    head = mtpspec.MTPHead.for_target(t)
+    cfg = dict(width=3, beam=2, max_depth=4)
+    ranked = TreeDrafter(head, TreeConfig(**cfg)).ranked_nodes(inp, 9)
+    chain = head.propose(inp, 4, SamplingConfig(), None).tokens.tolist()
+    sizes = []
+    for floor in (0.0, 0.02, 0.1, 0.3):
+        shaped = TreeDrafter(head, TreeConfig(**cfg, min_branch_prob=floor)).shaped(ranked, 9)
+        parents = [n.parent for n in shaped]
+        kids = children(parents)
+        spine, row = [], 0
+        while kids[row]:
+            row = kids[row][0]
+            spine.append(row - 1)
+        assert [shaped[i].token for i in spine] == chain, floor  # the greedy chain, whole
+        assert all(shaped[i].score >= math.log(floor) for i in range(len(shaped)) if i not in spine) if floor else True
+        assert all(-1 <= p < i for i, p in enumerate(parents)) and len(shaped) <= 9
+        sizes.append(len(shaped))
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] == 9 > sizes[-1]  # a higher floor, fewer branches
+    assert TreeDrafter(head, TreeConfig(**cfg, min_branch_prob=1.0)).propose(inp, 9, SamplingConfig(), None).is_chain
+    with pytest.raises(mtpspec.InputError, match="min_branch_prob"):
+        TreeConfig(min_branch_prob=1.5)

@@ -521,6 +521,7 @@ class Target:
             gather = slots.repeat(T - C, 1)  # (T - C, S)
             for r in range(C, T):
                 gather[r - C, start:start + seen[r]] = start + tree_mask[r].nonzero()[:, 0]
+            flat = gather.flatten()  # ((T - C) * S,): the copy map, flat for index_select
             mask = slots[None, :] < start + torch.tensor(seen, device=dev)[:, None]  # (T, S)
         # In the attention layout a key's slot is its position (chain: by construction; tree:
         # the gathered layout), so a sliding window is one more mask condition.
@@ -566,8 +567,9 @@ class Target:
                                            plan.attention, cap)[0])  # (H, C, hd)
                 if C < T:  # one batch element per (kv head, gathered row): a one-row pass's shapes, Hk * G times
                     G = T - C
-                    kr = cache.keys[i][:, gather].view(Hk * G, 1, S, hd)  # gathered: (Hk, G, S, hd)
-                    vr = cache.values[i][:, gather].view(Hk * G, 1, S, hd)
+                    # index_select, not advanced indexing: the same copy, ~8x faster here
+                    kr = cache.keys[i].index_select(1, flat).view(Hk * G, 1, S, hd)  # gathered: (Hk, G, S, hd)
+                    vr = cache.values[i].index_select(1, flat).view(Hk * G, 1, S, hd)
                     qr = q[0, :, C:].reshape(Hk, H // Hk, G, hd).transpose(1, 2).reshape(Hk * G, H // Hk, 1, hd)
                     mr = m[C:].expand(Hk, G, S).reshape(Hk * G, 1, S)
                     ag = attention(qr, kr, vr, mr, L.scale, plan.attention, cap)  # (Hk * G, g, 1, hd)

@@ -31,14 +31,14 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.decode import generate as mtp_generate
-from ..core.drafters import HybridDrafter, TreeDrafter
+from ..core.drafters import HybridDrafter, SwitchDrafter, TreeDrafter
 from ..core.stats import DecodeStats
 from ..core.target import Target
 from ..errors import InputError
 from ..prompts import Prompt
 
-METHODS = ("hf", "k0", "mtp", "mtp-tree", "hybrid", "assisted", "lookup")
-HEAD_METHODS = ("mtp", "mtp-tree", "hybrid")
+METHODS = ("hf", "k0", "mtp", "mtp-tree", "hybrid", "switch", "assisted", "lookup")
+HEAD_METHODS = ("mtp", "mtp-tree", "hybrid", "switch")
 ALL = "all"  # the category name of the overall summary
 FRESH_HEAD_NOTE = ("mtp: no trained head for this target, so a freshly initialised head was used; its acceptance is "
                    "near zero. Pass --head DIR.")
@@ -64,6 +64,8 @@ class BenchConfig:
     tree_nodes: int = 10
     # Nodes of the prompt-lookup branch that `hybrid` puts beside the head's tree.
     hybrid_lookup: int = 4
+    # Longest prompt-lookup chain of `switch` (its head rounds draft the head's k).
+    switch_tokens: int = 6
     # Context lengths at which the drafter-owned memory is reported.
     contexts: tuple[int, ...] = (512, 2048, 8192)
 
@@ -80,8 +82,8 @@ class BenchConfig:
             raise InputError(f"--num-draft-tokens must be >= 1 (k0 is plain decoding), got {self.num_draft_tokens}.")
         if any(k < 1 for k in self.sweep):
             raise InputError(f"--sweep values must be >= 1, got {list(self.sweep)}.")
-        if self.max_new_tokens < 1 or self.reps < 1 or self.warmup < 0 or self.lookup_tokens < 1:
-            raise InputError("max_new_tokens, reps and lookup_tokens must be >= 1, warmup >= 0.")
+        if self.max_new_tokens < 1 or self.reps < 1 or self.warmup < 0 or self.lookup_tokens < 1 or self.switch_tokens < 1:
+            raise InputError("max_new_tokens, reps, lookup_tokens and switch_tokens must be >= 1, warmup >= 0.")
         if self.tree_nodes < 1 or not 0 <= self.hybrid_lookup <= self.tree_nodes:
             raise InputError(f"--tree-nodes must be >= 1 and --hybrid-lookup in 0..tree-nodes, got "
                              f"{self.tree_nodes} and {self.hybrid_lookup}.")
@@ -233,6 +235,9 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
         elif name == "hybrid":
             hybrid = HybridDrafter(head, lookup_tokens=cfg.hybrid_lookup)
             methods.append(mtpspec_method("hybrid", target, head, cfg.tree_nodes, cfg.max_new_tokens, hybrid))
+        elif name == "switch":
+            switch = SwitchDrafter(head, head_tokens=k)
+            methods.append(mtpspec_method("switch", target, head, max(cfg.switch_tokens, k or 1), cfg.max_new_tokens, switch))
         elif name == "lookup":
             methods.append(hf_method("lookup", hf_model, cfg.max_new_tokens, prompt_lookup_num_tokens=cfg.lookup_tokens))
         elif name == "assisted":
