@@ -199,3 +199,44 @@ def test_summaries_merge_rounds_and_best_k_is_the_fastest_mtp_method():
     assert res.summary("hf").mean_accepted == 1.0  # no stats: new tokens per target forward
     assert res.summary("mtp_k2").forwards_per_token == pytest.approx((2 + 3) / 20)  # prefill + rounds, per token
     assert s.speedup_vs_hf == pytest.approx(2.0)
+
+
+def test_llamacpp_is_skipped_with_a_note_when_missing_or_not_gguf(tmp_path, monkeypatch):
+    import importlib.util
+
+    from mtpspec.measure.bench import build_methods
+
+    model, _ = save_tiny_model_dir(tmp_path / "model")
+    cfg = BenchConfig(methods=("k0", "llamacpp"))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    methods, notes = build_methods(cfg, model, gguf=tmp_path / "m.gguf")
+    assert [m.name for m in methods] == ["k0"] and "llama-cpp-python is not installed" in notes[0]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "llama_cpp" else real(name, *a))
+    methods, notes = build_methods(cfg, model, gguf=None)
+    assert [m.name for m in methods] == ["k0"] and "not a GGUF file" in notes[0]
+
+
+def test_llamacpp_method_decodes_greedily_and_stops_at_eos_or_the_budget(monkeypatch, tmp_path):
+    import sys
+    import types
+
+    from mtpspec.measure.bench import llamacpp_method
+
+    calls = {}
+
+    class FakeLlama:
+        def __init__(self, **kw):
+            calls["init"] = kw
+
+        def generate(self, tokens, **kw):
+            calls["generate"] = (tokens, kw)
+            yield from [11, 12, 2, 13, 14]
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=FakeLlama))
+    m = llamacpp_method(tmp_path / "m.gguf", eos=[2], max_new_tokens=8, threads=2)
+    out = m.run(torch.tensor([[5, 6, 7]]))
+    assert out.tokens == [11, 12, 2] and out.target_forwards == 3 and out.ttft is not None
+    assert calls["generate"][0] == [5, 6, 7] and calls["generate"][1]["temp"] == 0.0  # greedy, the same prompt ids
+    assert calls["init"]["model_path"] == str(tmp_path / "m.gguf") and calls["init"]["n_threads"] == 2
+    assert llamacpp_method(tmp_path / "m.gguf", eos=[2], max_new_tokens=2, threads=1).run(torch.tensor([[5]])).tokens == [11, 12]

@@ -341,8 +341,9 @@ def bench(
     num_draft_tokens: int = typer.Option(None, "--num-draft-tokens", "-k",
                                          help="Drafts per round for `mtp` [default: the head's tuned k]."),
     sweep: str = typer.Option(None, "--sweep", help="Comma-separated k values; adds one method mtp_k<k> per value."),
-    methods: str = typer.Option("hf,k0,mtp,mtp-tree,hybrid,switch,assisted,lookup", "--methods",
-                                help="Comma-separated: hf, k0, mtp, mtp-tree, hybrid, switch, assisted, lookup."),
+    methods: str = typer.Option("hf,k0,mtp,mtp-tree,hybrid,switch,assisted,lookup,llamacpp", "--methods",
+                                help="Comma-separated: hf, k0, mtp, mtp-tree, hybrid, switch, assisted, lookup, "
+                                "llamacpp (llama.cpp greedy on the target's GGUF file, if llama-cpp-python is installed)."),
     hf_dtype: str = typer.Option("fp32", "--hf-dtype", help="dtype of HF's own methods (hf, lookup, assisted): "
                                  "fp32 is what HF loads by default; 'same' = --dtype."),
     tree_nodes: int = typer.Option(10, "--tree-nodes", help="Draft nodes per round for mtp-tree and hybrid."),
@@ -361,7 +362,7 @@ def bench(
 
     from .measure.bench import FRESH_HEAD_NOTE, BenchConfig, build_methods, environment_info, load_draft_model, run_bench
     from .measure.report import summary_line, verify_cost_line, write_report
-    from .models import chat_ids, resolve_dtype
+    from .models import chat_ids, gguf_file, resolve_dtype
     from .pretrained import resolve_head
     from .prompts import load_prompts
 
@@ -381,7 +382,8 @@ def bench(
         hf_model = open_target(target, hf_torch_dtype)[0].model
     choice = resolve_head(tgt, loaded.name, head, warn=_warn) if cfg.needs_head else None
     assistant = load_draft_model(draft_model, hf_torch_dtype) if draft_model and "assisted" in cfg.methods else None
-    method_list, notes = build_methods(cfg, loaded.model, choice.head if choice else None, assistant, hf_model)
+    gguf = gguf_file(target) if "llamacpp" in cfg.methods else None
+    method_list, notes = build_methods(cfg, loaded.model, choice.head if choice else None, assistant, hf_model, gguf)
     if choice and choice.directory is None:
         notes.insert(0, FRESH_HEAD_NOTE)
     dt_name = str(tgt.dtype).removeprefix("torch.")

@@ -67,6 +67,14 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def gguf_file(name: str | None) -> Path | None:
+    """The GGUF file a target name refers to (the embedded default's, or a local .gguf), else None."""
+    if name is None or name == DEFAULT_TARGET:
+        return default_gguf_path()
+    path = Path(name).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
 def load_target(name: str | None = None, dtype: str | torch.dtype = "fp32") -> Loaded:
     """Load a target and its tokenizer: the embedded default (None or 'smollm2-135m-instruct'),
     a local directory saved with `save_pretrained`, or a local .gguf file."""

@@ -17,6 +17,7 @@ generation with a draft model, a small standalone LM) and `lookup` (HF prompt lo
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import platform
 import resource
 import sys
@@ -37,7 +38,7 @@ from ..core.target import Target
 from ..errors import InputError
 from ..prompts import Prompt
 
-METHODS = ("hf", "k0", "mtp", "mtp-tree", "hybrid", "switch", "assisted", "lookup")
+METHODS = ("hf", "k0", "mtp", "mtp-tree", "hybrid", "switch", "assisted", "lookup", "llamacpp")
 HEAD_METHODS = ("mtp", "mtp-tree", "hybrid", "switch")
 ALL = "all"  # the category name of the overall summary
 FRESH_HEAD_NOTE = ("mtp: no trained head for this target, so a freshly initialised head was used; its acceptance is "
@@ -184,6 +185,37 @@ def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens:
     return Method(name, run, memory, k)
 
 
+LLAMACPP_HINT = ("pip install 'mtpspec[llamacpp]' (builds llama.cpp, ~10 min; on a CPU with AMX build it with "
+                 "CMAKE_ARGS='-DGGML_AMX=OFF': its AMX path crashed on the first decode here)")
+
+
+def llamacpp_method(gguf: Path, eos: Sequence[int], max_new_tokens: int, threads: int, context: int = 4096) -> Method:
+    """llama.cpp's own greedy decoding (llama-cpp-python) of the same GGUF file and the same
+    prompt ids: what a CPU user might run instead. It computes with the file's quantized
+    weights (e.g. Q4_1), not the dequantized ones mtpspec and HF run, so its text differs."""
+    import llama_cpp  # the caller checked it is installed
+
+    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads,
+                          verbose=False, logits_all=False)
+    stop = set(int(e) for e in eos)
+
+    def run(ids: torch.Tensor) -> RunOutput:
+        new: list[int] = []
+        first = None
+        t0 = time.perf_counter()
+        for tok in llm.generate(ids[0].tolist(), temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
+                                reset=True):
+            if first is None:
+                first = time.perf_counter()
+            new.append(int(tok))
+            if tok in stop or len(new) >= max_new_tokens:
+                break
+        seconds = time.perf_counter() - t0
+        return RunOutput(new, seconds, first - t0 if first is not None else None, len(new), None)
+
+    return Method("llamacpp", run)
+
+
 def draft_model_memory(model: Any) -> DrafterMemory:
     """A draft model owns its weights and a KV cache of its own:
     2 (K and V) * layers * kv_heads * head_dim * element size bytes per cached position."""
@@ -212,10 +244,10 @@ def load_draft_model(path: str | Path, dtype: torch.dtype) -> Any:
 
 
 def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: Any = None,
-                  hf_model: Any = None) -> tuple[list[Method], list[str]]:
+                  hf_model: Any = None, gguf: Path | None = None) -> tuple[list[Method], list[str]]:
     """The methods `cfg` asks for, plus notes on any that had to be skipped. mtpspec's methods
     run `model`; HF's own (hf, lookup, assisted) run `hf_model` if given (e.g. fp32, HF's
-    default, beside a bf16 `model`), else `model`."""
+    default, beside a bf16 `model`), else `model`; llama.cpp runs `gguf`, the target's file."""
     target = head.target if head is not None else Target(model)
     hf_model = hf_model if hf_model is not None else model
     notes: list[str] = []
@@ -240,6 +272,15 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
             methods.append(mtpspec_method("switch", target, head, max(cfg.switch_tokens, k or 1), cfg.max_new_tokens, switch))
         elif name == "lookup":
             methods.append(hf_method("lookup", hf_model, cfg.max_new_tokens, prompt_lookup_num_tokens=cfg.lookup_tokens))
+        elif name == "llamacpp":
+            if importlib.util.find_spec("llama_cpp") is None:
+                notes.append(f"llamacpp: skipped, llama-cpp-python is not installed: {LLAMACPP_HINT}.")
+            elif gguf is None:
+                notes.append("llamacpp: skipped, the target is not a GGUF file (llama.cpp runs GGUF files only).")
+            else:
+                eos = model.generation_config.eos_token_id
+                eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+                methods.append(llamacpp_method(gguf, eos, cfg.max_new_tokens, torch.get_num_threads()))
         elif name == "assisted":
             if draft_model is None:
                 notes.append("assisted: skipped, no draft model given (pass --draft-model DIR, a model saved "
