@@ -185,8 +185,31 @@ def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens:
     return Method(name, run, memory, k)
 
 
-LLAMACPP_HINT = ("pip install 'mtpspec[llamacpp]' (builds llama.cpp, ~10 min; on a CPU with AMX build it with "
-                 "CMAKE_ARGS='-DGGML_AMX=OFF': its AMX path crashed on the first decode here)")
+LLAMACPP_HINT = "pip install 'mtpspec[llamacpp]' (builds llama.cpp from source, ~10 minutes on 2 cores)"
+
+
+def _no_extra_buffers(make: Callable[[], Any]) -> Any:
+    """Build a llama_cpp.Llama with the model's `use_extra_bufts` off: on this CPU llama.cpp
+    0.3.36's AMX weight buffers crash (SIGSEGV in ggml_backend_amx_mul_mat) on the first
+    decode, whatever it was built with. llama-cpp-python has no argument for it, so its
+    default model parameters are patched for the one call."""
+    import llama_cpp.llama as ll
+
+    default = getattr(ll.llama_cpp, "llama_model_default_params", None)
+    if default is None:
+        return make()
+
+    def params() -> Any:
+        p = default()
+        if hasattr(p, "use_extra_bufts"):
+            p.use_extra_bufts = False
+        return p
+
+    ll.llama_cpp.llama_model_default_params = params
+    try:
+        return make()
+    finally:
+        ll.llama_cpp.llama_model_default_params = default
 
 
 def llamacpp_method(gguf: Path, eos: Sequence[int], max_new_tokens: int, threads: int, context: int = 4096) -> Method:
@@ -195,8 +218,8 @@ def llamacpp_method(gguf: Path, eos: Sequence[int], max_new_tokens: int, threads
     weights (e.g. Q4_1), not the dequantized ones mtpspec and HF run, so its text differs."""
     import llama_cpp  # the caller checked it is installed
 
-    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads,
-                          verbose=False, logits_all=False)
+    llm = _no_extra_buffers(lambda: llama_cpp.Llama(model_path=str(gguf), n_ctx=context, n_threads=threads,
+                                                    n_threads_batch=threads, verbose=False, logits_all=False))
     stop = set(int(e) for e in eos)
 
     def run(ids: torch.Tensor) -> RunOutput:
