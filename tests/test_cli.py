@@ -35,6 +35,22 @@ def test_generate_json_matches_hf_greedy(model_dir):
     assert "freshly initialised head" in r.stderr
 
 
+def test_generate_switch_and_tree_match_hf_greedy_and_refuse_each_other(model_dir):
+    d, model, tok = model_dir
+    prompt = "w7 w8 w9 w7 w8 w9 w7 w8"  # repeats: the lookup has something to propose
+    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    ref = hf_greedy(model, ids, 12, eos=3)[0, ids.shape[1]:].tolist()
+    for flag, k in (("--switch", 6), ("--tree", 10)):
+        r = runner.invoke(app, ["generate", "--target", str(d), "--prompt", prompt, "-n", "12", "--fresh-head", "--json",
+                                "--dtype", "fp32", flag])  # fp32: mtpspec equals HF greedy
+        assert r.exit_code == 0, r.output
+        obj = json.loads(r.stdout.strip().splitlines()[-1])
+        assert obj["token_ids"] == ref and obj["num_draft_tokens"] == k, flag
+    r = runner.invoke(app, ["generate", "--target", str(d), "--prompt", "w7", "--fresh-head", "--switch", "--tree"])
+    assert r.exit_code == 2 and "choose one" in r.output
+
+
 def test_generate_streams_text_and_stats(model_dir, tmp_path):
     d, model, _ = model_dir
     MTPHead.for_target(model).save_pretrained(tmp_path / "head")
