@@ -486,3 +486,27 @@ def test_cli_serve_passes_host_and_port_to_uvicorn(tiny, monkeypatch):
     assert r.exit_code == 2 and "max_queue must be >= 0" in r.output
     assert len(calls) == 1
 
+
+
+def test_a_switch_engine_replies_as_plain_decoding(tiny):
+    """`mtpspec serve --switch`: lookup-or-head rounds, the same reply as plain decoding."""
+    from mtpspec.core.drafters import SwitchDrafter
+    from mtpspec.serve import load_engine
+
+    d, tok = tiny
+    engine = load_engine(str(d), d / "head", "fp32", switch=True)
+    ids = chat_ids(tok, PROMPT + " " + PROMPT)  # a repeated prompt: the lookup finds matches
+    plain = mtpspec.generate(engine.target, None, ids, max_new_tokens=24, num_draft_tokens=0).sequences[0].tolist()
+
+    async def run() -> list:
+        job = engine.submit(DecodeRequest(ids, 24, SamplingConfig()))
+        out = []
+        while (c := await job.next(30)) is not None:
+            out += c.token_ids
+        return out
+
+    try:
+        assert isinstance(engine.drafter, SwitchDrafter) and engine.config.num_draft_tokens == 6
+        assert asyncio.run(run()) == plain[ids.shape[1]:]
+    finally:
+        engine.close()

@@ -460,6 +460,8 @@ def serve(
                                   "one more gets 429."),
     max_tokens_limit: int = typer.Option(1024, "--max-tokens-limit", help="Most new tokens one request may ask for."),
     default_max_tokens: int = typer.Option(128, "--default-max-tokens", help="New tokens when a request names no max_tokens."),
+    switch: bool = typer.Option(False, "--switch", help="Each round, draft the prompt-lookup continuation (up to -k "
+                                "tokens [default 6]) when the text repeats, else the head's chain."),
     threads: int = THREADS,
 ) -> None:
     """Serve the target with its head over HTTP: OpenAI-compatible /v1/chat/completions and /v1/completions
@@ -473,7 +475,7 @@ def serve(
     from .serve import load_engine
 
     set_threads(threads)
-    engine = load_engine(target, head, dtype, num_draft_tokens, warn=_warn, max_queue=max_queue,
+    engine = load_engine(target, head, dtype, num_draft_tokens, warn=_warn, switch=switch, max_queue=max_queue,
                          max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens)
     try:
         uvicorn.run(create_app(engine), host=host, port=port)
