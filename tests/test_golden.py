@@ -83,3 +83,14 @@ def test_bf16_chain_and_tree_equal_plain_decoding_and_acceptance_holds(bf16, pro
         runs.append(chain.stats)
     acc = DecodeStats.merge(runs).mean_accepted
     assert acc >= recorded_acceptance() - TOLERANCE, acc
+
+
+def test_the_bench_finds_the_embedded_targets_gguf_file_and_only_gguf_files(tmp_path):
+    """`mtpspec bench --methods ...,llamacpp` runs llama.cpp on the target's own GGUF file."""
+    from mtpspec.models import default_gguf_path, gguf_file
+
+    assert gguf_file(None) == gguf_file("smollm2-135m-instruct") == default_gguf_path()
+    assert default_gguf_path().suffix == ".gguf" and default_gguf_path().is_file()
+    (tmp_path / "m.gguf").write_bytes(b"")
+    assert gguf_file(str(tmp_path / "m.gguf")) == tmp_path / "m.gguf"
+    assert gguf_file(str(tmp_path)) is None and gguf_file(str(tmp_path / "missing.gguf")) is None
