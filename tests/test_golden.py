@@ -70,16 +70,22 @@ def test_golden_text_and_hf_greedy_in_fp32(fp32, prompts):
 
 def test_bf16_chain_and_tree_equal_plain_decoding_and_acceptance_holds(bf16, prompts):
     """Every 3rd built-in prompt, 48 tokens: the shipped head at k = 4 keeps its recorded
-    acceptance, and its output (and a tree's) is plain bf16 decoding's, token for token."""
+    acceptance, and its output (and a tree's, and switch's) is plain bf16 decoding's, token for
+    token."""
+    from mtpspec.core.drafters import SwitchDrafter
+
     loaded, target, head = bf16
+    switch = SwitchDrafter(head, head_tokens=4)
     runs = []
     for p in prompts[::3]:
         ids = chat_ids(loaded.tokenizer, p.text)
         plain = mtpspec.generate(target, None, ids, max_new_tokens=48, num_draft_tokens=0)
         chain = mtpspec.generate(target, head, ids, max_new_tokens=48, num_draft_tokens=4)
         tree = mtpspec.generate(target, head, ids, max_new_tokens=48, num_draft_tokens=10, tree=True)
+        switched = mtpspec.generate(target, switch, ids, max_new_tokens=48, num_draft_tokens=6)
         assert torch.equal(chain.sequences, plain.sequences), p.text
         assert torch.equal(tree.sequences, plain.sequences), p.text
+        assert torch.equal(switched.sequences, plain.sequences), p.text
         runs.append(chain.stats)
     acc = DecodeStats.merge(runs).mean_accepted
     assert acc >= recorded_acceptance() - TOLERANCE, acc
