@@ -126,7 +126,7 @@ def generate(
 ) -> None:
     """Generate text from a prompt with speculative decoding, streaming tokens as accepted."""
     from . import generate as decode
-    from .core.drafters import SwitchDrafter, TreeDrafter
+    from .core.drafters import SWITCH_TOKENS, SwitchDrafter, TreeDrafter
     from .measure.compare import compare as compare_plain
     from .models import chat_ids
     from .pretrained import default_k, resolve_head
@@ -135,7 +135,7 @@ def generate(
     mtp = resolve_head(tgt, loaded.name, head, fresh_head, _warn).head
     if tree and switch:
         raise InputError("--tree and --switch are two ways to draft; choose one.")
-    k = (10 if tree else 6 if switch else default_k(mtp)) if num_draft_tokens is None else num_draft_tokens
+    k = (10 if tree else SWITCH_TOKENS if switch else default_k(mtp)) if num_draft_tokens is None else num_draft_tokens
     if tree:
         mtp = TreeDrafter(mtp)
     elif switch:

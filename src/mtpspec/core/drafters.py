@@ -222,6 +222,9 @@ class HybridDrafter:
         return _as_draft(nodes)
 
 
+SWITCH_TOKENS = 6  # default longest lookup draft of a switch round (a 7-row verify costs ~1.08x one row here)
+
+
 class SwitchDrafter:
     """Each round one chain, whichever is cheaper to have: the prompt-lookup continuation (up to
     k tokens) when the text so far repeats its last n-gram and at least `min_lookup` tokens

@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.decode import generate as mtp_generate
-from ..core.drafters import HybridDrafter, SwitchDrafter, TreeDrafter
+from ..core.drafters import SWITCH_TOKENS, HybridDrafter, SwitchDrafter, TreeDrafter
 from ..core.stats import DecodeStats
 from ..core.target import Target
 from ..errors import InputError
@@ -66,7 +66,7 @@ class BenchConfig:
     # Nodes of the prompt-lookup branch that `hybrid` puts beside the head's tree.
     hybrid_lookup: int = 4
     # Longest prompt-lookup chain of `switch` (its head rounds draft the head's k).
-    switch_tokens: int = 6
+    switch_tokens: int = SWITCH_TOKENS
     # Context lengths at which the drafter-owned memory is reported.
     contexts: tuple[int, ...] = (512, 2048, 8192)
 

@@ -334,13 +334,13 @@ def load_engine(target: str | None = None, head: str | Path | None = None, dtype
     `num_draft_tokens` None: the head's tuned k (with `switch`: 6, the longest lookup draft).
     `switch`: draft with `SwitchDrafter` (the prompt-lookup continuation when the text repeats,
     else the head's chain). `config`: further ServeConfig fields."""
-    from ..core.drafters import SwitchDrafter
+    from ..core.drafters import SWITCH_TOKENS, SwitchDrafter
     from ..models import load_target
     from ..pretrained import default_k, resolve_head
 
     loaded = load_target(target, dtype)
     tgt = Target(loaded.model)
     mtp = resolve_head(tgt, loaded.name, head, warn=warn).head
-    k = (6 if switch else default_k(mtp)) if num_draft_tokens is None else num_draft_tokens
+    k = (SWITCH_TOKENS if switch else default_k(mtp)) if num_draft_tokens is None else num_draft_tokens
     drafter = SwitchDrafter(mtp, head_tokens=default_k(mtp)) if switch else mtp
     return Engine(tgt, drafter, loaded.tokenizer, ServeConfig(model_name=loaded.name, num_draft_tokens=k, **config))
