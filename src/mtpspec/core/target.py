@@ -502,7 +502,9 @@ class Target:
         if positions is None:
             positions = torch.arange(start, start + T, device=dev)
         slots = torch.arange(S, device=dev)
-        gather = None
+        planes = None  # tree verify only: (P, S) slot maps, see below
+        if tree_mask is not None and bool((tree_mask == torch.ones_like(tree_mask).tril()).all()):
+            tree_mask = None  # a tree that is a chain verifies as one
         if tree_mask is None:  # (T, S): every committed slot, then the new ones causally
             mask = slots[None, :] <= start + torch.arange(T, device=dev)[:, None]
         else:
@@ -513,19 +515,45 @@ class Target:
             # whose ancestors are exactly the rows before them (the spine, when the draft is
             # ordered spine first: `tree.spine_first`) already have that layout in the cache
             # itself, and attend it directly as a chain verify does; every later row reads its
-            # own copy, gather (T - C, S) mapping its slots to cache slots.
+            # own copy of it.
             causal = torch.ones(T, T, dtype=torch.bool, device=tree_mask.device).tril()
-            rows_ok = (tree_mask == causal).all(-1).tolist() + [False]  # (T + 1,)
+            rows_ok = (tree_mask == causal).all(-1).tolist()  # (T,): not all True (see above)
             C = rows_ok.index(False)  # leading rows that attend the cache as it is
             seen = tree_mask.sum(-1).tolist()  # ancestors + self, per row
-            gather = slots.repeat(T - C, 1)  # (T - C, S)
+            # All rows then run as ONE attention call over P planes of W query rows each. The
+            # rows are cut into chains (each row continues its parent's chain if it is the first
+            # to do so): plane 0 is the spine on the cache layout itself, every other chain gets
+            # its own gathered copy of the cache, laid out as its last row would see it, which
+            # every earlier row of that chain sees a prefix of. A chain shorter than W repeats
+            # its last row (each row's result is independent of the others, so the repeats only
+            # pad the shape). One call for all rows, and one copy per branch rather than per
+            # row, keep a branch's price near its copy: the per-call overhead is most of an
+            # attention's cost at these sizes.
+            parent = [-1] + [int(tree_mask[r, :r].nonzero()[-1]) for r in range(1, T)]  # (T,) nearest ancestor
+            chains = [list(range(C))]  # the spine: the cache as it is, which no later row continues
+            tail: dict[int, int] = {}  # last row of a gathered chain -> its chain
             for r in range(C, T):
-                gather[r - C, start:start + seen[r]] = start + tree_mask[r].nonzero()[:, 0]
-            flat = gather.flatten()  # ((T - C) * S,): the copy map, flat for index_select
+                j = tail.pop(parent[r], None)
+                if j is None:
+                    j = len(chains)
+                    chains.append([])
+                chains[j].append(r)
+                tail[r] = j
+            P, W = len(chains), max(len(ch) for ch in chains)
+            planes = slots.repeat(P, 1)  # (P, S): plane p's slot s reads cache slot planes[p, s]
+            for j, ch in enumerate(chains[1:], 1):
+                planes[j, start:start + seen[ch[-1]]] = start + tree_mask[ch[-1]].nonzero()[:, 0]
+            heads = torch.arange(self.num_kv_heads, device=dev)[None, :, None] * S  # (1, Hk, 1)
+            flat = (heads + planes[:, None, :]).flatten()  # (P * Hk * S,): rows of keys[i].view(Hk * S, hd)
+            qrows = torch.tensor([ch[min(w, len(ch) - 1)] for ch in chains for w in range(W)], device=dev)  # (P * W,)
+            where = {r: j * W + w for j, ch in enumerate(chains) for w, r in enumerate(ch)}
+            out_rows = torch.tensor([where[r] for r in range(T)], device=dev)  # (T,): row r's place in (P * W)
             mask = slots[None, :] < start + torch.tensor(seen, device=dev)[:, None]  # (T, S)
         # In the attention layout a key's slot is its position (chain: by construction; tree:
         # the gathered layout), so a sliding window is one more mask condition.
         masks = {w: mask if w is None else mask & (slots[None, :] > positions[:, None] - w) for w in set(self.windows)}
+        if planes is not None:
+            plane_masks = {w: m[qrows].view(P, W, S) for w, m in masks.items()}  # (P, W, S)
         plan = self.plan
         H, Hk, hd = self.num_heads, self.num_kv_heads, self.head_dim
         rm, cap = self.residual_multiplier, self.attn_softcap
@@ -558,23 +586,14 @@ class Target:
             cache.keys[i, :, start:start + T] = k[0]
             cache.values[i, :, start:start + T] = v.transpose(0, 1)
             m = masks[self.windows[i]]  # (T, S)
-            if gather is None:
+            if planes is None:
                 a = attention(q, cache.keys[i][None], cache.values[i][None], m, L.scale, plan.attention, cap)[0]  # (H, T, hd)
-            else:
-                parts = []
-                if C:  # the spine on the cache itself: a C-row chain verify (same q strides, same mask rows)
-                    parts.append(attention(q[:, :, :C], cache.keys[i][None], cache.values[i][None], m[:C], L.scale,
-                                           plan.attention, cap)[0])  # (H, C, hd)
-                if C < T:  # one batch element per (kv head, gathered row): a one-row pass's shapes, Hk * G times
-                    G = T - C
-                    # index_select, not advanced indexing: the same copy, ~8x faster here
-                    kr = cache.keys[i].index_select(1, flat).view(Hk * G, 1, S, hd)  # gathered: (Hk, G, S, hd)
-                    vr = cache.values[i].index_select(1, flat).view(Hk * G, 1, S, hd)
-                    qr = q[0, :, C:].reshape(Hk, H // Hk, G, hd).transpose(1, 2).reshape(Hk * G, H // Hk, 1, hd)
-                    mr = m[C:].expand(Hk, G, S).reshape(Hk * G, 1, S)
-                    ag = attention(qr, kr, vr, mr, L.scale, plan.attention, cap)  # (Hk * G, g, 1, hd)
-                    parts.append(ag.view(Hk, G, H // Hk, hd).transpose(1, 2).reshape(H, G, hd))
-                a = torch.cat(parts, 1)  # (H, T, hd): rows back in order, the spine's first
+            else:  # one call over the P planes (see above)
+                kp = cache.keys[i].view(Hk * S, hd).index_select(0, flat).view(P, Hk, S, hd)
+                vp = cache.values[i].view(Hk * S, hd).index_select(0, flat).view(P, Hk, S, hd)
+                qp = q[0].index_select(1, qrows).view(H, P, W, hd).transpose(0, 1).contiguous()  # (P, H, W, hd)
+                ap = attention(qp, kp, vp, plane_masks[self.windows[i]], L.scale, plan.attention, cap)  # (P, H, W, hd)
+                a = ap.transpose(0, 1).reshape(H, P * W, hd).index_select(1, out_rows)  # (H, T, hd)
             out = linear(a.transpose(0, 1).reshape(T, H * hd), *L.o, plan.linear)  # (T, D)
             if L.attn_out is not None:
                 out = L.attn_out(out)
