@@ -296,3 +296,17 @@ def test_bad_input_is_one_error_line_and_exit_2(bad_inputs, command, message):
     assert "Traceback" not in r.output
     for o in ("o1", "o2", "o3", "o4", "r1", "r2", "r3", "r6", "r7"):  # refused before writing anything
         assert not (bad_inputs["tmp"] / o).exists()
+
+
+def test_bench_flag_defaults_are_the_bench_config_defaults():
+    """The CLI writes its defaults as literals (it imports torch lazily); they must be the
+    library's own (BenchConfig's, i.e. drafters.TREE_NODES, TREE_SHAPE, HYBRID_LOOKUP, SWITCH_TOKENS)."""
+    import inspect
+
+    from mtpspec.cli import bench
+    from mtpspec.measure.bench import BenchConfig
+
+    params = inspect.signature(bench).parameters
+    cfg = BenchConfig()
+    for name in ("tree_nodes", "tree_depth", "tree_floor", "hybrid_lookup", "switch_tokens", "lookup_tokens", "reps", "warmup"):
+        assert params[name].default.default == getattr(cfg, name), name

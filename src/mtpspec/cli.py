@@ -120,13 +120,13 @@ def generate(
     dtype: str = DTYPE,
     compare: bool = typer.Option(False, "--compare", help="Also decode plainly (k=0) and print both speeds side by side."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
-    tree: bool = typer.Option(False, "--tree", help="Draft a tree of -k nodes [default 10] from the head."),
+    tree: bool = typer.Option(False, "--tree", help="Draft a tree of -k nodes [default 8] from the head."),
     switch: bool = typer.Option(False, "--switch", help="Each round, draft the prompt-lookup continuation (up to -k "
                                 "tokens [default 6]) when the text repeats, else the head's chain."),
 ) -> None:
     """Generate text from a prompt with speculative decoding, streaming tokens as accepted."""
     from . import generate as decode
-    from .core.drafters import SWITCH_TOKENS, SwitchDrafter, TreeDrafter
+    from .core.drafters import SWITCH_TOKENS, TREE_NODES, TREE_SHAPE, SwitchDrafter, TreeDrafter
     from .measure.compare import compare as compare_plain
     from .models import chat_ids
     from .pretrained import default_k, resolve_head
@@ -135,9 +135,9 @@ def generate(
     mtp = resolve_head(tgt, loaded.name, head, fresh_head, _warn).head
     if tree and switch:
         raise InputError("--tree and --switch are two ways to draft; choose one.")
-    k = (10 if tree else SWITCH_TOKENS if switch else default_k(mtp)) if num_draft_tokens is None else num_draft_tokens
+    k = (TREE_NODES if tree else SWITCH_TOKENS if switch else default_k(mtp)) if num_draft_tokens is None else num_draft_tokens
     if tree:
-        mtp = TreeDrafter(mtp)
+        mtp = TreeDrafter(mtp, TREE_SHAPE)
     elif switch:
         mtp = SwitchDrafter(mtp, head_tokens=default_k(mtp))
     ids = chat_ids(loaded.tokenizer, prompt)
@@ -346,8 +346,11 @@ def bench(
                                 "llamacpp (llama.cpp greedy on the target's GGUF file, if llama-cpp-python is installed)."),
     hf_dtype: str = typer.Option("fp32", "--hf-dtype", help="dtype of HF's own methods (hf, lookup, assisted): "
                                  "fp32 is what HF loads by default; 'same' = --dtype."),
-    tree_nodes: int = typer.Option(10, "--tree-nodes", help="Draft nodes per round for mtp-tree and hybrid."),
-    hybrid_lookup: int = typer.Option(4, "--hybrid-lookup", help="Prompt-lookup nodes in each hybrid tree."),
+    tree_nodes: int = typer.Option(8, "--tree-nodes", help="Draft nodes per round for mtp-tree and hybrid."),
+    tree_depth: int = typer.Option(4, "--tree-depth", help="Deepest node of those trees."),
+    tree_floor: float = typer.Option(0.1, "--tree-floor",
+                                     help="Least cumulative draft probability of a node off the head's greedy spine."),
+    hybrid_lookup: int = typer.Option(6, "--hybrid-lookup", help="Prompt-lookup nodes in each hybrid tree."),
     switch_tokens: int = typer.Option(6, "--switch-tokens", help="Longest prompt-lookup chain of `switch` (its "
                                       "other rounds draft the head's chain)."),
     reps: int = typer.Option(1, "--reps", help="Timed repetitions of every prompt."),
@@ -370,7 +373,7 @@ def bench(
     cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()), num_draft_tokens=num_draft_tokens,
                       sweep=tuple(parse_list(sweep, int, "--sweep")) if sweep else (), max_new_tokens=max_new_tokens,
                       reps=reps, warmup=warmup, lookup_tokens=lookup_tokens, tree_nodes=tree_nodes,
-                      hybrid_lookup=hybrid_lookup, switch_tokens=switch_tokens)
+                      tree_depth=tree_depth, tree_floor=tree_floor, hybrid_lookup=hybrid_lookup, switch_tokens=switch_tokens)
     plist = load_prompts(prompts, limit)  # fail on a bad prompts file before loading any model
     now = datetime.datetime.now()
     out = out or Path("reports") / f"bench-{now:%Y%m%d-%H%M%S}"

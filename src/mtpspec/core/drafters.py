@@ -58,6 +58,16 @@ class TreeConfig:
             raise InputError(f"TreeConfig.min_branch_prob must be in [0, 1], got {self.min_branch_prob}.")
 
 
+# The tree shape that `mtpspec bench` (mtp-tree, hybrid) and `mtpspec generate --tree` use: 8
+# nodes, at most 4 deep, a branch off the spine only where the head gives it >= 10%, and (hybrid)
+# a prompt-lookup branch of up to 6. From a sweep on the built-in prompts (bf16, 2 threads,
+# 2026-11-30): every branch off the spine costs the verify pass a copy of the cache, and deep or
+# unlikely branches did not pay for theirs (README, "Draft trees").
+TREE_NODES = 8
+TREE_SHAPE = TreeConfig(max_depth=4, min_branch_prob=0.1)
+HYBRID_LOOKUP = 6
+
+
 @dataclass
 class _Node:
     token: int

@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.decode import generate as mtp_generate
-from ..core.drafters import SWITCH_TOKENS, HybridDrafter, SwitchDrafter, TreeDrafter
+from ..core.drafters import HYBRID_LOOKUP, SWITCH_TOKENS, TREE_NODES, TREE_SHAPE, HybridDrafter, SwitchDrafter, TreeConfig, TreeDrafter
 from ..core.stats import DecodeStats
 from ..core.target import Target
 from ..errors import InputError
@@ -62,9 +62,13 @@ class BenchConfig:
     # Draft length of prompt lookup decoding (HF `prompt_lookup_num_tokens`).
     lookup_tokens: int = 10
     # Draft nodes per round for `mtp-tree` and `hybrid` (a tree from the head).
-    tree_nodes: int = 10
+    tree_nodes: int = TREE_NODES
+    # Deepest node of those trees (None = as deep as the nodes allow).
+    tree_depth: int | None = TREE_SHAPE.max_depth
+    # Least cumulative draft probability of a node off the head's greedy spine.
+    tree_floor: float = TREE_SHAPE.min_branch_prob
     # Nodes of the prompt-lookup branch that `hybrid` puts beside the head's tree.
-    hybrid_lookup: int = 4
+    hybrid_lookup: int = HYBRID_LOOKUP
     # Longest prompt-lookup chain of `switch` (its head rounds draft the head's k).
     switch_tokens: int = SWITCH_TOKENS
     # Context lengths at which the drafter-owned memory is reported.
@@ -88,6 +92,11 @@ class BenchConfig:
         if self.tree_nodes < 1 or not 0 <= self.hybrid_lookup <= self.tree_nodes:
             raise InputError(f"--tree-nodes must be >= 1 and --hybrid-lookup in 0..tree-nodes, got "
                              f"{self.tree_nodes} and {self.hybrid_lookup}.")
+        self.tree_config  # noqa: B018 - TreeConfig refuses a bad depth or floor with its own message
+
+    @property
+    def tree_config(self) -> TreeConfig:
+        return TreeConfig(max_depth=self.tree_depth, min_branch_prob=self.tree_floor)
 
     @property
     def needs_head(self) -> bool:
@@ -286,9 +295,9 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
         elif name == "mtp":
             methods.append(mtpspec_method("mtp", target, head, k, cfg.max_new_tokens))
         elif name == "mtp-tree":
-            methods.append(mtpspec_method("mtp-tree", target, head, cfg.tree_nodes, cfg.max_new_tokens, TreeDrafter(head)))
+            methods.append(mtpspec_method("mtp-tree", target, head, cfg.tree_nodes, cfg.max_new_tokens, TreeDrafter(head, cfg.tree_config)))
         elif name == "hybrid":
-            hybrid = HybridDrafter(head, lookup_tokens=cfg.hybrid_lookup)
+            hybrid = HybridDrafter(head, cfg.tree_config, lookup_tokens=cfg.hybrid_lookup)
             methods.append(mtpspec_method("hybrid", target, head, cfg.tree_nodes, cfg.max_new_tokens, hybrid))
         elif name == "switch":
             switch = SwitchDrafter(head, head_tokens=k)
