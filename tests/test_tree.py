@@ -223,6 +223,7 @@ def test_bf16_tree_equals_plain_decoding(family):
     SCATTERED,  # as drafted: only root and d0 on the cache
     spine_first(SCATTERED)[1],  # the same tree spine first: root, d0, d3, d4 on the cache
     [-1, 0, 1, 2],  # a chain passed as a tree: all rows on the cache
+    [-1, 0, 1, -1, 3, 4, 5, 6, 1],  # a branch of five (a lookup branch) longer than the spine, and a leaf
 ])
 @pytest.mark.parametrize("family, extra", [("llama", {}), ("mistral", {"sliding_window": 6})])
 def test_tree_verify_rows_are_bitwise_plain_decoding(dtype, parents, family, extra):
