@@ -20,7 +20,8 @@ head's tree so each round gets the better of the two.
 
 Switch: one chain per round, the lookup continuation when the text repeats, else the head's
 chain. A chain verifies on the cache as it is, for about the cost of one token, where every
-off-spine tree row attends its own copy of the cache; and a lookup costs no drafting at all.
+branch of a tree off its spine attends its own copy of the cache; and a lookup costs no
+drafting at all.
 On this CPU that beat both the head's chain and the trees in wall time (see the README).
 """
 
@@ -47,8 +48,8 @@ class TreeConfig:
     max_depth: int | None = 6
     # A node off the spine (the head's own greedy chain) is kept only if its cumulative draft
     # probability reaches this. Why: the spine verifies on the cache itself at almost no cost
-    # per row, but every other row attends a copy of the cache (`Target.forward`), several
-    # times the cost of a spine row; a branch the head gives little chance rarely pays for it.
+    # per row, but every other branch attends its own copy of the cache (`Target.forward`); a
+    # branch the head gives little chance rarely pays for its copy.
     min_branch_prob: float = 0.0
 
     def __post_init__(self) -> None:
