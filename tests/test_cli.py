@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from mtpspec import MTPHead
 from mtpspec.cli import app
+from mtpspec.core.drafters import SWITCH_TOKENS, TREE_NODES
 
 runner = CliRunner()
 
@@ -41,7 +42,7 @@ def test_generate_switch_and_tree_match_hf_greedy_and_refuse_each_other(model_di
     ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                   return_tensors="pt", return_dict=True)["input_ids"]
     ref = hf_greedy(model, ids, 12, eos=3)[0, ids.shape[1]:].tolist()
-    for flag, k in (("--switch", 6), ("--tree", 10)):
+    for flag, k in (("--switch", SWITCH_TOKENS), ("--tree", TREE_NODES)):
         r = runner.invoke(app, ["generate", "--target", str(d), "--prompt", prompt, "-n", "12", "--fresh-head", "--json",
                                 "--dtype", "fp32", flag])  # fp32: mtpspec equals HF greedy
         assert r.exit_code == 0, r.output

@@ -67,7 +67,8 @@ class BenchConfig:
     tree_depth: int | None = TREE_SHAPE.max_depth
     # Least cumulative draft probability of a node off the head's greedy spine.
     tree_floor: float = TREE_SHAPE.min_branch_prob
-    # Nodes of the prompt-lookup branch that `hybrid` puts beside the head's tree.
+    # Most nodes of the prompt-lookup branch that `hybrid` puts beside the head's tree (at most
+    # tree_nodes are drafted in all).
     hybrid_lookup: int = HYBRID_LOOKUP
     # Longest prompt-lookup chain of `switch` (its head rounds draft the head's k).
     switch_tokens: int = SWITCH_TOKENS
@@ -89,9 +90,9 @@ class BenchConfig:
             raise InputError(f"--sweep values must be >= 1, got {list(self.sweep)}.")
         if self.max_new_tokens < 1 or self.reps < 1 or self.warmup < 0 or self.lookup_tokens < 1 or self.switch_tokens < 1:
             raise InputError("max_new_tokens, reps, lookup_tokens and switch_tokens must be >= 1, warmup >= 0.")
-        if self.tree_nodes < 1 or not 0 <= self.hybrid_lookup <= self.tree_nodes:
-            raise InputError(f"--tree-nodes must be >= 1 and --hybrid-lookup in 0..tree-nodes, got "
-                             f"{self.tree_nodes} and {self.hybrid_lookup}.")
+        if self.tree_nodes < 1 or self.hybrid_lookup < 0:  # a lookup branch longer than the tree is cut to it
+            raise InputError(f"--tree-nodes must be >= 1 and --hybrid-lookup >= 0, got {self.tree_nodes} and "
+                             f"{self.hybrid_lookup}.")
         self.tree_config  # noqa: B018 - TreeConfig refuses a bad depth or floor with its own message
 
     @property
