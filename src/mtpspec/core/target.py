@@ -503,7 +503,8 @@ class Target:
             positions = torch.arange(start, start + T, device=dev)
         slots = torch.arange(S, device=dev)
         planes = None  # tree verify only: (P, S) slot maps, see below
-        if tree_mask is not None and bool((tree_mask == torch.ones_like(tree_mask).tril()).all()):
+        rows_ok = None if tree_mask is None else (tree_mask == torch.ones_like(tree_mask).tril()).all(-1).tolist()  # (T,)
+        if rows_ok is not None and all(rows_ok):
             tree_mask = None  # a tree that is a chain verifies as one
         if tree_mask is None:  # (T, S): every committed slot, then the new ones causally
             mask = slots[None, :] <= start + torch.arange(T, device=dev)[:, None]
@@ -516,8 +517,7 @@ class Target:
             # ordered spine first: `tree.spine_first`) already have that layout in the cache
             # itself, and attend it directly as a chain verify does; every later row reads its
             # own copy of it.
-            causal = torch.ones(T, T, dtype=torch.bool, device=tree_mask.device).tril()
-            rows_ok = (tree_mask == causal).all(-1).tolist()  # (T,): not all True (see above)
+            assert rows_ok is not None  # rows whose mask row is causal; not all of them (see above)
             C = rows_ok.index(False)  # leading rows that attend the cache as it is
             seen = tree_mask.sum(-1).tolist()  # ancestors + self, per row
             # All rows then run as ONE attention call over P planes of W query rows each. The
