@@ -251,6 +251,8 @@ BAD = [
     ("data --out {tmp}/o2 --prompts-file {tmp}/bad.jsonl", "bad.jsonl:2 is not valid JSON"),
     ("data --out {tmp}/o3 --corpus {tmp}/missing.txt", "Corpus file"),
     ("data --out {tmp}/o4 --target {nochat} --recipe chat", "has no chat template"),
+    ("data --out {tmp}/o5 --passages {tmp}/missing", "missing does not exist"),
+    ("data --out {tmp}/o6 --target {nochat} --passages {tmp}/bad.jsonl", "takes raw text as --corpus"),
     ("data --out {tmp}/bad.jsonl", "bad.jsonl is a file"),
     # train
     ("train --data {tmp}/missing --out {tmp}/r1", "is not an mtpspec data directory"),
@@ -295,7 +297,7 @@ def test_bad_input_is_one_error_line_and_exit_2(bad_inputs, command, message):
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], r.stderr
     assert "Traceback" not in r.output
-    for o in ("o1", "o2", "o3", "o4", "r1", "r2", "r3", "r6", "r7"):  # refused before writing anything
+    for o in ("o1", "o2", "o3", "o4", "o5", "o6", "r1", "r2", "r3", "r6", "r7"):  # refused before writing anything
         assert not (bad_inputs["tmp"] / o).exists()
 
 

@@ -195,3 +195,44 @@ def test_degenerate_filter():
     assert is_degenerate([1, 2])
     assert is_degenerate([1, 2, 3, 4] * 10)
     assert not is_degenerate(list(range(10, 60)))
+
+
+def test_real_passages_are_cut_at_blank_lines_by_kind(tmp_path):
+    from mtpspec.training.data import passage_chunks
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    paras = [" ".join(f"w{10 + (i * 7 + j) % 80}" for j in range(30)) for i in range(12)]  # ~120 chars each
+    (docs / "a.rst").write_text("\n\n".join(paras))
+    (docs / "b.py").write_text("def f(x):\n    return x\n" * 20)
+    (docs / "image.png").write_bytes(b"\x89PNG")  # not text: skipped
+    got = passage_chunks(docs, max_chars=400, min_chars=200)
+    prose = [t for k, t in got if k == "article"]
+    assert {k for k, _ in got} == {"article", "code"}
+    assert all(200 <= len(t) <= 400 for t in prose)
+    # every paragraph lands whole in exactly one passage, in order
+    assert "\n\n".join(prose) == "\n\n".join(paras)
+    assert passage_chunks([docs, docs / "a.rst"], max_chars=400, min_chars=200) == got + [("article", t) for t in prose]
+    with pytest.raises(DataError, match="Passages path .*missing does not exist"):
+        passage_chunks(tmp_path / "missing")
+    with pytest.raises(DataError, match="No passages"):
+        passage_chunks(docs / "image.png")
+
+
+def test_requests_over_real_passages_resume_exactly(tiny, tmp_path):
+    model, tok = tiny
+    passage = " ".join(f"w{10 + i % 80}" for i in range(120))
+    (tmp_path / "p.txt").write_text(passage)
+    cfg = dict(CFG, document_share=1.0, passage_share=1.0)
+    src = [str(tmp_path / "p.txt")]
+    m = generate_data(model, tok, tmp_path / "one", DataConfig(num_samples=6, **cfg), progress=False, passages=src)
+    assert m["settings"]["passages"]["count"] == 1
+    texts = [tok.decode(ids[:pl]) for ids, pl in load_samples(tmp_path / "one")]
+    assert texts and any(passage[:60] in t for t in texts)  # the request carries the real passage
+    generate_data(model, tok, tmp_path / "two", DataConfig(num_samples=2, **cfg), progress=False, passages=src)
+    generate_data(model, tok, tmp_path / "two", DataConfig(num_samples=6, **cfg), progress=False, passages=src)
+    a, b = load_samples(tmp_path / "one"), load_samples(tmp_path / "two")
+    assert len(a) == len(b) and all(torch.equal(x[0], y[0]) for x, y in zip(a, b))
+    (tmp_path / "p.txt").write_text(passage + " w11")  # other passages: not the same run
+    with pytest.raises(DataError, match="other settings"):
+        generate_data(model, tok, tmp_path / "two", DataConfig(num_samples=8, **cfg), progress=False, passages=src)

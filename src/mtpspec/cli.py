@@ -183,6 +183,11 @@ def data(
     follow_up_share: float = typer.Option(0.25, "--follow-up-share", help="Share of answered chats given a second user turn."),
     prompts_file: str = typer.Option(None, "--prompts-file", help="Extra prompts: .jsonl or .txt."),
     corpus: str = typer.Option(None, "--corpus", help="Extra raw-text corpus (plain text); chunks become prefixes to continue."),
+    passages: list[str] = typer.Option(None, "--passages", help="Real passages (a text file or a directory of "
+                                       ".md/.rst/.txt and source files; repeat for several): a share of the document "
+                                       "seeds asks over one of them instead of a passage the target writes."),
+    passage_share: float = typer.Option(0.75, "--passage-share", help="With --passages: share of document seeds "
+                                        "that take a real passage."),
     seed: int = typer.Option(0, "--seed"),
     dtype: str = typer.Option("bf16", "--dtype", help="Generation dtype: bf16 (fast batched on modern CPUs) or fp32."),
     threads: int = THREADS,
@@ -194,9 +199,10 @@ def data(
     cfg = DataConfig(num_samples=num_samples, batch_size=batch_size, recipe=recipe, max_prompt_tokens=max_prompt_tokens,
                      max_response_tokens=max_response_tokens, max_document_tokens=max_document_tokens,
                      prompt_temperature=prompt_temperature, response_temperature=response_temperature,
-                     task_share=task_share, document_share=document_share, follow_up_share=follow_up_share, seed=seed)
+                     task_share=task_share, document_share=document_share, follow_up_share=follow_up_share,
+                     passage_share=passage_share, seed=seed)
     loaded, _ = open_target(target, dtype)
-    m = generate_data(loaded.model, loaded.tokenizer, out, cfg, prompts_file, corpus)
+    m = generate_data(loaded.model, loaded.tokenizer, out, cfg, prompts_file, corpus, passages=passages or None)
     typer.echo(f"{m['num_samples']} samples, {m['num_tokens']} tokens ({m['num_response_tokens']} in responses) "
                f"in {m['num_shards']} shards at {out}")
 

@@ -9,7 +9,10 @@ output. Two recipes:
   follows the two-stage document recipe: the target writes a passage (an article, email,
   chat thread, notes, notifications, code), then answers a request over it (summarise,
   answer, extract, rewrite, proofread a copy with typos, translate, reply, complete the
-  code). A share of answered chats gets a follow-up user turn (multi-turn).
+  code). A share of answered chats gets a follow-up user turn (multi-turn). With real passages
+  (`--passages`: documentation, articles, code files on disk) a share of the document seeds
+  skips stage 1 and asks over a real passage instead: a 135M target's own passages are short,
+  generic and loop, unlike the documents users bring. The answers are still the target's.
 - `continuation` (base models, no chat template): prefixes from a corpus, a prompts file, or
   the target's own sampled text, continued greedily by the target.
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -68,6 +72,9 @@ class DataConfig:
     document_share: float = 0.5
     # Share of answered chats that get a second user turn.
     follow_up_share: float = 0.25
+    # With real passages: share of the document seeds that ask over a real passage instead of
+    # one the target writes.
+    passage_share: float = 0.75
     # Keep only user turns the target finished itself (ended with a stop token).
     require_finished_prompts: bool = True
     # Seed of the prompt stream and of each batch's sampling; a resume replays it exactly.
@@ -77,7 +84,7 @@ class DataConfig:
         for name in ("num_samples", "batch_size", "max_prompt_tokens", "max_response_tokens", "max_document_tokens"):
             if getattr(self, name) < 1:
                 raise InputError(f"DataConfig.{name} must be >= 1.")
-        for name in ("task_share", "document_share", "follow_up_share"):
+        for name in ("task_share", "document_share", "follow_up_share", "passage_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise InputError(f"DataConfig.{name} must be in [0, 1].")
         if self.recipe not in RECIPES:
@@ -120,6 +127,44 @@ def corpus_chunks(path: str | Path, chunk_chars: int = 600) -> list[str]:
     out = [c for c in chunks if len(c) > 40]
     if not out:
         raise DataError(f"Corpus file {p} holds no usable text.")
+    return out
+
+
+# Files read as real passages, by kind: code (requests to complete, explain, test it) or prose.
+CODE_SUFFIXES = {".py", ".js", ".ts", ".c", ".h", ".cc", ".cpp", ".go", ".rs", ".java", ".sh", ".rb"}
+PROSE_SUFFIXES = {".txt", ".md", ".rst"}
+
+
+def passage_chunks(paths: str | Path | list[str] | list[Path], max_chars: int = 1600,
+                   min_chars: int = 300) -> list[tuple[str, str]]:
+    """Real passages as (kind, text): every text file under `paths` (files or directories, read
+    in sorted order, so the list is the same on every machine with the same files), cut at blank
+    lines into pieces of `min_chars`..`max_chars`. kind is 'code' for source files, else 'article'."""
+    roots = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    files: list[Path] = []
+    for p in roots:
+        if not p.exists():
+            raise DataError(f"Passages path {p} does not exist.")
+        files += [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+    # '.rst.txt' (Sphinx sources) counts by its last suffix
+    files = [f for f in files if f.suffix in CODE_SUFFIXES | PROSE_SUFFIXES]
+    out: list[tuple[str, str]] = []
+    for f in files:
+        kind = "code" if f.suffix in CODE_SUFFIXES else "article"
+        piece = ""
+        for para in re.split(r"\n\s*\n", f.read_text(errors="replace")):
+            if len(piece) + len(para) > max_chars and len(piece) >= min_chars:
+                out.append((kind, piece.strip()))
+                piece = ""
+            piece = f"{piece}\n\n{para}" if piece else para
+            if len(piece) > max_chars:  # one huge paragraph: cut it
+                out.append((kind, piece[:max_chars].strip()))
+                piece = ""
+        if len(piece) >= min_chars:
+            out.append((kind, piece.strip()))
+    if not out:
+        raise DataError(f"No passages of >= {min_chars} characters in {', '.join(map(str, roots))} (text files read: "
+                        f"{', '.join(sorted(CODE_SUFFIXES | PROSE_SUFFIXES))}).")
     return out
 
 
@@ -215,12 +260,20 @@ def _chat_batch(w: _Writer, batch: list[tuple[str, str]], rng: random.Random, se
     """One batch of the chat recipe: user turns, answers, requests over passages, follow-ups."""
     cfg = w.cfg
     # 1. User turns: given prompts as they are; openers continued by the target (sampled).
-    magpie = [op for kind, op in batch if kind != "given"]
+    magpie = [op for kind, op in batch if kind != "given" and not kind.startswith("passage:")]
     written = iter(w.generate([w.ids(_chat_prefix(w.tok, op)) for op in magpie], cfg.max_prompt_tokens,
                               cfg.prompt_temperature))
     short: list[list[dict[str, str]]] = []
     docs: list[tuple[str, list[dict[str, str]]]] = []
+    real: list[list[dict[str, str]]] = []  # requests over real passages (stage 1 skipped)
     for kind, op in batch:
+        if kind.startswith("passage:"):  # one passage may come back with another request
+            request = request_over(kind.removeprefix("passage:"), op, rng)
+            h = hashlib.sha1(request.encode()).hexdigest()[:16]
+            if h not in seen:
+                seen.add(h)
+                real.append([{"role": "user", "content": request}])
+            continue
         if kind == "given":
             user = op
         else:
@@ -243,7 +296,7 @@ def _chat_batch(w: _Writer, batch: list[tuple[str, str]], rng: random.Random, se
     # 3. Requests over the passages (stage 2 of the document recipe).
     requests = [[{"role": "user", "content": request_over(kind_of[id(c)], w.text(a), rng)}]
                 for c, _, a in passages if not is_repetitive(w.text(a))]
-    answered += _answer(w, requests, cfg.max_response_tokens)
+    answered += _answer(w, requests + real, cfg.max_response_tokens)
     # 4. Follow-up turns on a share of the answered chats.
     follow = [c + [{"role": "assistant", "content": w.text(a)}, {"role": "user", "content": rng.choice(FOLLOW_UPS)}]
               for c, _, a in answered if rng.random() < cfg.follow_up_share]
@@ -275,10 +328,12 @@ def _continuation_batch(w: _Writer, batch: list[tuple[str, str]], seen: set[str]
     return [(p + a, len(p)) for p, a in zip(prefixes, answers) if not is_degenerate(a)]
 
 
-def _prompt_stream(cfg: DataConfig, recipe: str, extra: list[str]) -> Iterator[tuple[str, str]]:
+def _prompt_stream(cfg: DataConfig, recipe: str, extra: list[str],
+                   passages: list[tuple[str, str]] | None = None) -> Iterator[tuple[str, str]]:
     """Deterministic stream of (kind, text). Kinds: 'given' (a ready prompt or prefix from a file
     or corpus), 'magpie' (an opener the target continues as the user's text), 'document:<kind>'
-    (an opener for a passage), 'self' (continuation: an opener of the target's own text)."""
+    (an opener for a passage), 'passage:<kind>' (a real passage to ask about), 'self'
+    (continuation: an opener of the target's own text)."""
     rng = random.Random(cfg.seed)
     tasks, doc_kinds = sorted(TASK_OPENERS), sorted(DOCUMENT_OPENERS)
     i = 0
@@ -288,6 +343,11 @@ def _prompt_stream(cfg: DataConfig, recipe: str, extra: list[str]) -> Iterator[t
         elif recipe == "continuation":
             yield "self", CONTINUATION_OPENERS[rng.randrange(len(CONTINUATION_OPENERS))]
         elif rng.random() < cfg.document_share:
+            if passages and rng.random() < cfg.passage_share:
+                kind, text = passages[rng.randrange(len(passages))]
+                yield f"passage:{kind}", text
+                i += 1
+                continue
             kind = doc_kinds[rng.randrange(len(doc_kinds))]
             yield f"document:{kind}", DOCUMENT_OPENERS[kind][rng.randrange(len(DOCUMENT_OPENERS[kind]))]
         elif rng.random() < cfg.task_share:
@@ -312,7 +372,8 @@ def resolve_recipe(recipe: str, tokenizer: Any) -> str:
 
 
 def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConfig,
-                  prompts_file: str | None = None, corpus: str | None = None, progress: bool = True) -> dict[str, Any]:
+                  prompts_file: str | None = None, corpus: str | None = None, progress: bool = True,
+                  passages: list[str] | None = None) -> dict[str, Any]:
     """Write at least `cfg.num_samples` target-generated samples into out_dir (resumable).
 
     Everything that can be wrong with the inputs (a recipe the tokenizer cannot serve, a
@@ -329,14 +390,22 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     if recipe == "chat":
         chunks = [f"Continue this text:\n{c}" for c in chunks]
     extra = (read_prompts_file(prompts_file) if prompts_file else []) + chunks
+    if passages and recipe != "chat":
+        raise InputError("--passages feeds the chat recipe's requests over passages; a base model (continuation "
+                         "recipe) takes raw text as --corpus.")
+    real = passage_chunks(passages) if passages else []
     # num_samples is not a setting: a finished run can be extended by asking for more.
-    settings = {"config": {k: v for k, v in asdict(cfg).items() if k != "num_samples"}, "recipe": recipe,
+    unset = {"num_samples"} | (set() if real else {"passage_share"})
+    settings = {"config": {k: v for k, v in asdict(cfg).items() if k not in unset}, "recipe": recipe,
                 "prompts_file": prompts_file, "corpus": corpus, "dtype": str(target.dtype).removeprefix("torch.")}
+    if real:  # the passages themselves, not only their path: other files there must not resume this run
+        digest = hashlib.sha1("\0".join(t for _, t in real).encode()).hexdigest()[:16]
+        settings["passages"] = {"paths": [str(p) for p in passages or []], "count": len(real), "sha1": digest}
     manifest = _load_manifest(out, target, settings)
     out.mkdir(parents=True, exist_ok=True)
     writer = _Writer(model, tokenizer, cfg, stop_token_ids(model, tokenizer))
     done = manifest["num_samples"]
-    stream = _prompt_stream(cfg, recipe, extra)
+    stream = _prompt_stream(cfg, recipe, extra, real)
     for _ in range(manifest["prompts_consumed"]):  # replay the deterministic stream
         next(stream)
     seen = set(manifest.get("prompt_hashes", []))
