@@ -249,3 +249,28 @@ def test_head_rotates_queries_as_its_kv_layer_rotated_the_keys(family):
         torch.testing.assert_close(ours, ref, rtol=0, atol=0)
     if family == "smollm3":
         assert not model.model.layers[1].self_attn.use_rope  # the NoPE case was exercised
+
+
+def test_cache_planes_copy_only_new_slots_and_follow_keep():
+    """Planes hold the committed slots of the cache (plane 0 is the cache itself); a later call
+    brings them up to date after the cache grew, and `keep` marks moved slots stale."""
+    from mtpspec.core.target import KVCache
+
+    g = torch.Generator().manual_seed(0)
+    keys, values = torch.randn(2, 3, 64, 4, generator=g), torch.randn(2, 3, 64, 4, generator=g)
+    cache = KVCache(keys.clone(), values.clone(), length=10)
+    kp, vp = cache.planes(3, 10)
+    assert kp.shape == (2, 3, 3, 64, 4)
+    assert cache.keys.data_ptr() == kp[:, 0].data_ptr()  # the cache lives in plane 0
+    assert all(torch.equal(kp[:, j, :, :10], keys[:, :, :10]) and torch.equal(vp[:, j, :, :10], values[:, :, :10])
+               for j in range(3))
+    kp[:, 1:, :, :] = -1.0  # a branch overwrites its plane's tail (and here, everything else too)
+    cache.keys[:, :, 10:14] = 7.0  # a verify appends 4 rows; keep 2 of them, moved into place
+    cache.length = 14
+    cache.keep(10, [1, 3])
+    kp, _ = cache.planes(2, 12)
+    # slots 0..9 were synced before and stay as the planes had them; 10..11 come fresh from the cache
+    assert torch.equal(kp[:, 1:, :, 10:12], cache.keys[:, None, :, 10:12].expand(-1, 2, -1, -1, -1))
+    assert (kp[:, 1:, :, :10] == -1.0).all()  # not copied again: only new slots are
+    kp2, _ = cache.planes(4, 12)  # more planes: a new store, all synced
+    assert all(torch.equal(kp2[:, j, :, :12], cache.keys[:, :, :12]) for j in range(4))

@@ -93,14 +93,22 @@ class KVCache:
     """The target's keys (RoPE applied) and values, one slot per committed position.
 
     Slots 0..length-1 hold positions 0..length-1 of the text so far. A forward appends its T
-    tokens at slots length..length+T-1; `keep` then decides which of them stay."""
+    tokens at slots length..length+T-1; `keep` then decides which of them stay.
 
-    keys: torch.Tensor  # (N, Hk, S, hd)
+    A tree verify also uses planes: extra copies of the cache, one per branch, stored beside the
+    cache itself (plane 0) so that one batched attention call reads them all. A plane keeps its
+    copy of the committed slots from round to round; each round copies only the slots
+    committed since (`planes`) and its branch's few new slots, not the whole cache."""
+
+    keys: torch.Tensor  # (N, Hk, S, hd): plane 0 of `_planes`, when there are planes
     values: torch.Tensor  # (N, Hk, S, hd)
     length: int = 0
     # A fixed cache refuses to outgrow S (decoding sizes it once, so that attention spans the
     # same S slots in every pass); a growable one reallocates (one-off forwards, training).
     fixed: bool = True
+    # (keys, values), each (N, P, Hk, S, hd), plane 0 = keys / values; None until a tree needs it.
+    _planes: tuple[torch.Tensor, torch.Tensor] | None = None
+    _synced: int = 0  # slots 0.._synced-1 of every plane equal the cache's
 
     @property
     def capacity(self) -> int:
@@ -121,6 +129,7 @@ class KVCache:
             self.keys[:, :, start:start + len(rows)] = self.keys[:, :, src]
             self.values[:, :, start:start + len(rows)] = self.values[:, :, src]
         self.length = start + len(rows)
+        self._synced = min(self._synced, start)
 
     def reserve(self, slots: int) -> None:
         """Make room for `slots` slots: a growable cache reallocates, a fixed one refuses."""
@@ -135,10 +144,30 @@ class KVCache:
             new = old.new_zeros(N, Hk, S, hd)
             new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
+        self._planes, self._synced = None, 0
 
     def truncate(self, length: int) -> None:
         """Drop every slot from `length` on (a chain's rejected drafts)."""
         self.keep(length, [])
+
+    def planes(self, count: int, synced_to: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys, values), each (N, P >= count, Hk, S, hd): plane 0 is the cache itself, and slots
+        0..synced_to-1 of every plane equal the cache's. Made on first use (memory: one cache
+        per plane); later calls copy only the slots committed since the last one."""
+        if self._planes is None or self._planes[0].shape[1] < count:
+            N, Hk, S, hd = self.keys.shape
+            store = []
+            for name in ("keys", "values"):
+                t = getattr(self, name).new_zeros(N, count, Hk, S, hd)
+                t[:, 0] = getattr(self, name)
+                setattr(self, name, t[:, 0])  # the cache now lives in plane 0
+                store.append(t)
+            self._planes, self._synced = (store[0], store[1]), 0
+        if self._synced < synced_to:
+            for t in self._planes:  # one copy for every layer and plane
+                t[:, 1:, :, self._synced:synced_to] = t[:, :1, :, self._synced:synced_to]
+            self._synced = synced_to
+        return self._planes
 
 
 Norm = Callable[[torch.Tensor], torch.Tensor]
@@ -502,7 +531,6 @@ class Target:
         if positions is None:
             positions = torch.arange(start, start + T, device=dev)
         slots = torch.arange(S, device=dev)
-        planes = None  # tree verify only: (P, S) slot maps, see below
         rows_ok = None if tree_mask is None else (tree_mask == torch.ones_like(tree_mask).tril()).all(-1).tolist()  # (T,)
         if rows_ok is not None and all(rows_ok):
             tree_mask = None  # a tree that is a chain verifies as one
@@ -523,7 +551,7 @@ class Target:
             # All rows then run as ONE attention call over P planes of W query rows each. The
             # rows are cut into chains (each row continues its parent's chain if it is the first
             # to do so): plane 0 is the spine on the cache layout itself, every other chain gets
-            # its own gathered copy of the cache, laid out as its last row would see it, which
+            # its own plane, a copy of the cache laid out as its last row would see it, which
             # every earlier row of that chain sees a prefix of. A chain shorter than W repeats
             # its last row (each row's result is independent of the others, so the repeats only
             # pad the shape). One call for all rows, and one copy per branch rather than per
@@ -540,11 +568,18 @@ class Target:
                 chains[j].append(r)
                 tail[r] = j
             P, W = len(chains), max(len(ch) for ch in chains)
-            planes = slots.repeat(P, 1)  # (P, S): plane p's slot s reads cache slot planes[p, s]
+            # Planes 1..P-1 (the cache's own, `KVCache.planes`) already hold the committed slots;
+            # each layer copies in only its branch's new slots: plane j's slot start + d reads
+            # cache slot start + path_j[d] (path_j: the new rows its last row sees, in order).
+            kplanes, vplanes = cache.planes(P, start)  # (N, P' >= P, Hk, S, hd) each
+            Pn = kplanes.shape[1]
+            nkv = self.num_kv_heads
+            dst, src = [], []
             for j, ch in enumerate(chains[1:], 1):
-                planes[j, start:start + seen[ch[-1]]] = start + tree_mask[ch[-1]].nonzero()[:, 0]
-            heads = torch.arange(self.num_kv_heads, device=dev)[None, :, None] * S  # (1, Hk, 1)
-            flat = (heads + planes[:, None, :]).flatten()  # (P * Hk * S,): rows of keys[i].view(Hk * S, hd)
+                path = tree_mask[ch[-1]].nonzero()[:, 0].tolist()
+                dst += [(j * nkv + h) * S + start + d for h in range(nkv) for d in range(len(path))]
+                src += [h * S + start + r for h in range(nkv) for r in path]
+            dst_t, src_t = torch.tensor(dst, device=dev), torch.tensor(src, device=dev)  # rows of (P' * Hk * S, hd)
             qrows = torch.tensor([ch[min(w, len(ch) - 1)] for ch in chains for w in range(W)], device=dev)  # (P * W,)
             where = {r: j * W + w for j, ch in enumerate(chains) for w, r in enumerate(ch)}
             out_rows = torch.tensor([where[r] for r in range(T)], device=dev)  # (T,): row r's place in (P * W)
@@ -552,7 +587,8 @@ class Target:
         # In the attention layout a key's slot is its position (chain: by construction; tree:
         # the gathered layout), so a sliding window is one more mask condition.
         masks = {w: mask if w is None else mask & (slots[None, :] > positions[:, None] - w) for w in set(self.windows)}
-        if planes is not None:
+        tree = tree_mask is not None
+        if tree:
             plane_masks = {w: m[qrows].view(P, W, S) for w, m in masks.items()}  # (P, W, S)
         plan = self.plan
         H, Hk, hd = self.num_heads, self.num_kv_heads, self.head_dim
@@ -586,11 +622,13 @@ class Target:
             cache.keys[i, :, start:start + T] = k[0]
             cache.values[i, :, start:start + T] = v.transpose(0, 1)
             m = masks[self.windows[i]]  # (T, S)
-            if planes is None:
+            if not tree:
                 a = attention(q, cache.keys[i][None], cache.values[i][None], m, L.scale, plan.attention, cap)[0]  # (H, T, hd)
             else:  # one call over the P planes (see above)
-                kp = cache.keys[i].view(Hk * S, hd).index_select(0, flat).view(P, Hk, S, hd)
-                vp = cache.values[i].view(Hk * S, hd).index_select(0, flat).view(P, Hk, S, hd)
+                kp, vp = kplanes[i, :P], vplanes[i, :P]  # (P, Hk, S, hd) each, contiguous
+                for t in (kplanes[i], vplanes[i]):
+                    flat = t.view(Pn * Hk * S, hd)
+                    flat.index_copy_(0, dst_t, flat.index_select(0, src_t))
                 qp = q[0].index_select(1, qrows).view(H, P, W, hd).transpose(0, 1).contiguous()  # (P, H, W, hd)
                 ap = attention(qp, kp, vp, plane_masks[self.windows[i]], L.scale, plan.attention, cap)  # (P, H, W, hd)
                 a = ap.transpose(0, 1).reshape(H, P * W, hd).index_select(1, out_rows)  # (H, T, hd)
