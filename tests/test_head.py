@@ -59,8 +59,17 @@ def test_draft_vocab_buffer_is_counted_and_drafts_map_back():
 
     cache = Target(model).new_cache()
     step = Target(model).forward(torch.tensor([[4, 5, 6]]), cache)
-    d = head.propose(DraftInput(torch.tensor([[4, 5, 6, 7]]), step.hidden[:, -1], cache), 5, SamplingConfig(), None)
+    context = torch.tensor([[4, 5, 6, 7]])
+    head.copy_context = False
+    d = head.propose(DraftInput(context, step.hidden[:, -1], cache), 5, SamplingConfig(), None)
     assert set(d.tokens.tolist()) <= set(ids.tolist())
+    # copy_context: each round also scores the context's tokens outside the draft vocabulary
+    head.copy_context = True
+    vocab, weight = head.round_vocab(context)
+    assert vocab.tolist() == ids.tolist() + [4, 6, 7]
+    assert torch.equal(weight, Target(model).lm_head.weight[vocab])
+    d = head.propose(DraftInput(context, step.hidden[:, -1], cache), 5, SamplingConfig(), None)
+    assert set(d.tokens.tolist()) <= set(vocab.tolist())
 
 
 def test_save_load_round_trip(tmp_path):

@@ -161,6 +161,11 @@ class MTPHead(nn.Module):
         else:
             self.draft_ids = None
             self.draft_weight = None
+        # Drafting adds the context's own tokens outside a reduced draft vocabulary to each
+        # round's vocabulary (`round_vocab`): answers copy names, numbers and rare words from
+        # the prompt, and a token outside the vocabulary can never be drafted. Training is
+        # unchanged (it scores the draft vocabulary only).
+        self.copy_context = True
         self.to(device=target.device)
 
     def _init_weights(self) -> None:
@@ -246,15 +251,30 @@ class MTPHead(nn.Module):
             x = block(x, cos, sin, keys, values, mask)
         return x
 
-    def logits(self, state: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) -> (B, T, V') over the draft vocabulary (V' = V when it is not reduced)."""
-        return self.project(self.target.final_norm(state))
+    def project(self, normed: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """The target's LM head (or its draft-vocabulary rows, or `weight`: a round's rows from
+        `round_vocab`) on an already-normed state, then the target's own logit scaling and
+        soft-cap."""
+        if weight is None:
+            weight = self.target.lm_head.weight if self.draft_weight is None else self.draft_weight
+        return self.target.finish_logits(lin(weight, normed))
 
-    def project(self, normed: torch.Tensor) -> torch.Tensor:
-        """The target's LM head (or its draft-vocabulary rows) on an already-normed state, then
-        the target's own logit scaling and soft-cap."""
-        w = self.target.lm_head.weight if self.draft_weight is None else self.draft_weight
-        return self.target.finish_logits(lin(w, normed))
+    def round_vocab(self, context: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The vocabulary one drafting round scores: (ids (V'',), the LM head's rows for them
+        (V'', D)), or (None, None) for the whole vocabulary. With a reduced draft vocabulary
+        and `copy_context`: the draft vocabulary, then the tokens of `context` (1, L) outside it."""
+        if self.draft_ids is None:
+            return None, None
+        if not self.copy_context:
+            return self.draft_ids, self.draft_weight
+        seen = torch.zeros(self.target.vocab_size, dtype=torch.bool, device=context.device)
+        seen[context.flatten()] = True
+        seen[self.draft_ids] = False
+        extra = seen.nonzero()[:, 0]  # (E,) ascending
+        if extra.numel() == 0:
+            return self.draft_ids, self.draft_weight
+        w = torch.cat([self.draft_weight, self.target.lm_head.weight[extra].to(self.draft_weight.dtype)])  # (V' + E, D)
+        return torch.cat([self.draft_ids, extra]), w
 
     def initial_state(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, T, F) target features -> (B, T, D) the state before the first draft step."""
@@ -304,28 +324,29 @@ class MTPHead(nn.Module):
         tok = inp.tokens[:, -1:]  # (1, 1): the token at position L
         positions = torch.arange(L, L + k, device=state.device).unsqueeze(0)  # (1, K)
         cos_all, sin_all = self.rope(positions, state)  # (1, K, hd)
+        ids, weight = self.round_vocab(inp.tokens)  # (V'',), (V'', D): this round's vocabulary
         drafted, qs = [], []
         for j in range(k):
             state = self.step(state, tok, cos_all[:, j:j + 1], sin_all[:, j:j + 1], keys, values, None)
-            logits = self.logits(state)[:, 0]  # (1, V')
+            logits = self.project(self.target.final_norm(state), weight)[:, 0]  # (1, V'')
             if sampling.greedy:
                 idx = logits.argmax(-1)  # (1,)
             else:
-                q_small = probs_from_logits(logits, sampling)  # (1, V')
+                q_small = probs_from_logits(logits, sampling)  # (1, V'')
                 idx = sample(q_small, generator)
-                qs.append(self._to_full_vocab(q_small))
-            tok = idx if self.draft_ids is None else self.draft_ids[idx]
+                qs.append(self._to_full_vocab(q_small, ids))
+            tok = idx if ids is None else ids[idx]
             tok = tok.view(1, 1)
             drafted.append(tok)
         tokens = torch.cat(drafted, dim=1).view(k) if drafted else torch.empty(0, dtype=torch.long)
         return Draft(tokens=tokens, q=torch.cat(qs, 0) if qs else None)
 
-    def _to_full_vocab(self, q: torch.Tensor) -> torch.Tensor:
-        """(1, V') -> (1, V): probabilities of tokens outside the draft vocabulary are 0."""
-        if self.draft_ids is None:
+    def _to_full_vocab(self, q: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+        """(1, V'') over `ids` -> (1, V): probabilities of tokens outside them are 0."""
+        if ids is None:
             return q
         full = q.new_zeros(1, self.target.vocab_size)
-        return full.index_copy_(1, self.draft_ids, q)
+        return full.index_copy_(1, ids, q)
 
 
 def check_identity(saved: TargetIdentity, actual: TargetIdentity, where: Path) -> None:
