@@ -65,9 +65,9 @@ def test_draft_vocab_buffer_is_counted_and_drafts_map_back():
     assert set(d.tokens.tolist()) <= set(ids.tolist())
     # copy_context: each round also scores the context's tokens outside the draft vocabulary
     head.copy_context = True
-    vocab, weight = head.round_vocab(context)
+    vocab, extra = head.round_vocab(context)
     assert vocab.tolist() == ids.tolist() + [4, 6, 7]
-    assert torch.equal(weight, Target(model).lm_head.weight[vocab])
+    assert torch.equal(extra, Target(model).lm_head.weight[vocab[8:]])
     d = head.propose(DraftInput(context, step.hidden[:, -1], cache), 5, SamplingConfig(), None)
     assert set(d.tokens.tolist()) <= set(vocab.tolist())
 

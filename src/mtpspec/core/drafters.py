@@ -108,12 +108,12 @@ class TreeDrafter:
         states = head.initial_state(inp.hidden[:, None])  # (1, R, D)
         tokens = inp.tokens[:, -1:]  # (1, R): the token each frontier node sits on
         scores = [0.0]
-        vocab, weight = head.round_vocab(inp.tokens)  # (V'',), (V'', D)
+        vocab, extra = head.round_vocab(inp.tokens)  # (V'',), (E, D)
         for depth in range(depth_limit):
             R = len(frontier)
             cos, sin = head.rope(torch.full((1, R), L + depth, device=states.device), states)  # (1, R, hd)
             states = head.step(states, tokens, cos, sin, keys, values, None)  # (1, R, D)
-            logp = head.project(head.target.final_norm(states), weight)[0].float().log_softmax(-1)  # (R, V'')
+            logp = head.project(head.target.final_norm(states), extra)[0].float().log_softmax(-1)  # (R, V'')
             top = logp.topk(min(cfg.width, logp.shape[-1]), dim=-1)  # (R, W)
             ids = top.indices if vocab is None else vocab[top.indices]  # (R, W) target ids
             born = []

@@ -251,30 +251,32 @@ class MTPHead(nn.Module):
             x = block(x, cos, sin, keys, values, mask)
         return x
 
-    def project(self, normed: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-        """The target's LM head (or its draft-vocabulary rows, or `weight`: a round's rows from
-        `round_vocab`) on an already-normed state, then the target's own logit scaling and
-        soft-cap."""
-        if weight is None:
-            weight = self.target.lm_head.weight if self.draft_weight is None else self.draft_weight
-        return self.target.finish_logits(lin(weight, normed))
+    def project(self, normed: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """The target's LM head (or its draft-vocabulary rows, then `extra` rows: a round's
+        additions from `round_vocab`) on an already-normed state, then the target's own logit
+        scaling and soft-cap."""
+        w = self.target.lm_head.weight if self.draft_weight is None else self.draft_weight
+        z = lin(w, normed)  # (..., V')
+        if extra is not None:
+            z = torch.cat([z, lin(extra, normed)], dim=-1)  # (..., V' + E)
+        return self.target.finish_logits(z)
 
     def round_vocab(self, context: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The vocabulary one drafting round scores: (ids (V'',), the LM head's rows for them
-        (V'', D)), or (None, None) for the whole vocabulary. With a reduced draft vocabulary
-        and `copy_context`: the draft vocabulary, then the tokens of `context` (1, L) outside it."""
+        """The vocabulary one drafting round scores: (ids (V'',), the LM head's rows for the ids
+        beyond the draft vocabulary (E, D) or None); ids None = the whole vocabulary. With a
+        reduced draft vocabulary and `copy_context`: the draft vocabulary, then the tokens of
+        `context` (1, L) outside it."""
         if self.draft_ids is None:
             return None, None
         if not self.copy_context:
-            return self.draft_ids, self.draft_weight
+            return self.draft_ids, None
         seen = torch.zeros(self.target.vocab_size, dtype=torch.bool, device=context.device)
         seen[context.flatten()] = True
         seen[self.draft_ids] = False
         extra = seen.nonzero()[:, 0]  # (E,) ascending
         if extra.numel() == 0:
-            return self.draft_ids, self.draft_weight
-        w = torch.cat([self.draft_weight, self.target.lm_head.weight[extra].to(self.draft_weight.dtype)])  # (V' + E, D)
-        return torch.cat([self.draft_ids, extra]), w
+            return self.draft_ids, None
+        return torch.cat([self.draft_ids, extra]), self.target.lm_head.weight[extra].to(self.draft_weight.dtype)
 
     def initial_state(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, T, F) target features -> (B, T, D) the state before the first draft step."""
@@ -324,11 +326,11 @@ class MTPHead(nn.Module):
         tok = inp.tokens[:, -1:]  # (1, 1): the token at position L
         positions = torch.arange(L, L + k, device=state.device).unsqueeze(0)  # (1, K)
         cos_all, sin_all = self.rope(positions, state)  # (1, K, hd)
-        ids, weight = self.round_vocab(inp.tokens)  # (V'',), (V'', D): this round's vocabulary
+        ids, extra = self.round_vocab(inp.tokens)  # (V'',), (E, D): this round's vocabulary
         drafted, qs = [], []
         for j in range(k):
             state = self.step(state, tok, cos_all[:, j:j + 1], sin_all[:, j:j + 1], keys, values, None)
-            logits = self.project(self.target.final_norm(state), weight)[:, 0]  # (1, V'')
+            logits = self.project(self.target.final_norm(state), extra)[:, 0]  # (1, V'')
             if sampling.greedy:
                 idx = logits.argmax(-1)  # (1,)
             else:

@@ -139,7 +139,8 @@ def passage_chunks(paths: str | Path | list[str] | list[Path], max_chars: int = 
                    min_chars: int = 300) -> list[tuple[str, str]]:
     """Real passages as (kind, text): every text file under `paths` (files or directories, read
     in sorted order, so the list is the same on every machine with the same files), cut at blank
-    lines into pieces of `min_chars`..`max_chars`. kind is 'code' for source files, else 'article'."""
+    lines into pieces of `min_chars`..`max_chars` (a single paragraph longer than `max_chars` is
+    cut there, its rest dropped). kind is 'code' for source files, else 'article'."""
     roots = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     files: list[Path] = []
     for p in roots:
@@ -346,10 +347,9 @@ def _prompt_stream(cfg: DataConfig, recipe: str, extra: list[str],
             if passages and rng.random() < cfg.passage_share:
                 kind, text = passages[rng.randrange(len(passages))]
                 yield f"passage:{kind}", text
-                i += 1
-                continue
-            kind = doc_kinds[rng.randrange(len(doc_kinds))]
-            yield f"document:{kind}", DOCUMENT_OPENERS[kind][rng.randrange(len(DOCUMENT_OPENERS[kind]))]
+            else:
+                kind = doc_kinds[rng.randrange(len(doc_kinds))]
+                yield f"document:{kind}", DOCUMENT_OPENERS[kind][rng.randrange(len(DOCUMENT_OPENERS[kind]))]
         elif rng.random() < cfg.task_share:
             kind = tasks[rng.randrange(len(tasks))]
             yield "magpie", TASK_OPENERS[kind][rng.randrange(len(TASK_OPENERS[kind]))]
