@@ -311,5 +311,6 @@ def test_bench_flag_defaults_are_the_bench_config_defaults():
 
     params = inspect.signature(bench).parameters
     cfg = BenchConfig()
-    for name in ("tree_nodes", "tree_depth", "tree_floor", "hybrid_lookup", "switch_tokens", "lookup_tokens", "reps", "warmup"):
+    for name in ("tree_nodes", "tree_shape", "tree_depth", "tree_floor", "hybrid_lookup", "switch_tokens", "lookup_tokens",
+                 "reps", "warmup"):
         assert params[name].default.default == getattr(cfg, name), name

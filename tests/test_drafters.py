@@ -12,7 +12,7 @@ from conftest import FAMILIES, hf_greedy, tiny_model
 
 import mtpspec
 from mtpspec import DraftInput, SamplingConfig
-from mtpspec.core.drafters import HybridDrafter, LookupDrafter, SwitchDrafter, TreeConfig, TreeDrafter, lookup
+from mtpspec.core.drafters import TREE_SHAPE, HybridDrafter, LookupDrafter, RoundCosts, SwitchDrafter, TreeConfig, TreeDrafter, lookup
 from mtpspec.core.tree import children, spine_first
 
 
@@ -75,7 +75,9 @@ def test_tree_and_hybrid_greedy_equal_hf_greedy(family):
         ref = hf_greedy(model, ids, 32, eos=[])
         for drafter in (TreeDrafter(head, TreeConfig(width=2, beam=2)), HybridDrafter(head, lookup_tokens=3),
                         LookupDrafter(), SwitchDrafter(head, head_tokens=3),
-                        TreeDrafter(head, TreeConfig(width=3, beam=2, min_branch_prob=0.2))):
+                        TreeDrafter(head, TreeConfig(width=3, beam=2, min_branch_prob=0.2)),
+                        TreeDrafter(head, TreeConfig(width=3, beam=2, costs=RoundCosts(row=0.0, plane=0.01, step=0.0))),
+                        TreeDrafter(head, TREE_SHAPE)):
             out = mtpspec.generate(model, drafter, ids, max_new_tokens=32, num_draft_tokens=6, eos_token_id=[])
             assert torch.equal(out.sequences, ref), (family, type(drafter).__name__, length)
     out = mtpspec.generate(model, head, ids, max_new_tokens=32, num_draft_tokens=6, eos_token_id=[], tree=True)
@@ -165,3 +167,54 @@ def test_a_branch_floor_keeps_the_spine_and_drops_unlikely_branches():
     assert TreeDrafter(head, TreeConfig(**cfg, min_branch_prob=1.0)).propose(inp, 9, SamplingConfig(), None).is_chain
     with pytest.raises(mtpspec.InputError, match="min_branch_prob"):
         TreeConfig(min_branch_prob=1.5)
+
+
+def _spine(parents):
+    kids = children(parents)
+    spine, row = [], 0
+    while kids[row]:
+        row = kids[row][0]
+        spine.append(row - 1)
+    return spine
+
+
+def test_a_cost_shaped_tree_keeps_only_nodes_that_pay_for_their_price():
+    """TreeConfig.costs: every kept node's cumulative draft probability times the value of a
+    unit of cost reaches its price (a row; a plane too for the first node of a branch); free
+    rows and planes fill the budget; priceless branches leave the head's greedy chain; a head
+    step that never pays stops at depth 1; each round moves the running means."""
+    model = tiny_model("llama")
+    ids = torch.randint(4, 97, (1, 12), generator=torch.Generator().manual_seed(0))
+    t, inp = _input(model, ids)
+    head = mtpspec.MTPHead.for_target(t)
+    chain = head.propose(inp, 6, SamplingConfig(), None).tokens.tolist()
+    free = TreeDrafter(head, TreeConfig(width=3, beam=2, costs=RoundCosts(0.0, 0.0, 0.0), deeper_share=1.0))
+    assert len(free.nodes(inp, 9)) == 9 and not free.propose(inp, 9, SamplingConfig(), None).is_chain
+    for costs in (RoundCosts(row=0.0, plane=0.01, step=0.0), RoundCosts(row=0.002, plane=0.05, step=0.001)):
+        drafter = TreeDrafter(head, TreeConfig(width=3, beam=2, costs=costs))
+        nodes = drafter.nodes(inp, 9)
+        parents = [n.parent for n in nodes]
+        assert all(-1 <= p < i for i, p in enumerate(parents)) and len(nodes) <= 9
+        value = drafter.tokens_per_round / drafter.cost_per_round
+        spine = _spine(parents)
+        assert [nodes[i].token for i in spine] == chain[:len(spine)]
+        firsts = {}  # parent -> its first kept child (which continues the parent's chain)
+        for i, n in enumerate(nodes):
+            firsts.setdefault(n.parent, i)
+            price = costs.row + (0.0 if firsts[n.parent] == i else costs.plane)
+            assert math.exp(n.score) * value >= price, (costs, i)
+        rows, planes, steps = drafter._last
+        assert rows == len(nodes) + 1 and planes == 1 + sum(firsts[n.parent] != i for i, n in enumerate(nodes))
+    only_chain = TreeDrafter(head, TreeConfig(width=3, beam=2, costs=RoundCosts(row=0.0, plane=10.0, step=0.0),
+                                              deeper_share=1.0))
+    d = only_chain.propose(inp, 6, SamplingConfig(), None)
+    assert d.is_chain and d.tokens.tolist() == chain
+    shallow = TreeDrafter(head, TreeConfig(width=3, beam=2, costs=RoundCosts(row=0.0, plane=0.0, step=10.0)))
+    assert all(n.parent == -1 for n in shallow.nodes(inp, 9)) and shallow._last[2] == 1
+    before = (only_chain.tokens_per_round, only_chain.cost_per_round)
+    only_chain.update(6, 6)  # a round that kept every draft: 7 tokens for 1 + 6 * 0 + 6 * 0
+    assert only_chain.tokens_per_round > before[0] and only_chain.cost_per_round < before[1]
+    with pytest.raises(mtpspec.InputError, match="RoundCosts"):
+        RoundCosts(row=-1.0)
+    with pytest.raises(mtpspec.InputError, match="deeper_share"):
+        TreeConfig(deeper_share=0.0)

@@ -25,7 +25,7 @@ from transformers.generation.logits_process import (
 
 import mtpspec
 from mtpspec import Draft, HeadConfig, MTPHead, SamplingConfig
-from mtpspec.core.drafters import HybridDrafter, TreeConfig, TreeDrafter
+from mtpspec.core.drafters import HybridDrafter, RoundCosts, TreeConfig, TreeDrafter
 from mtpspec.core.sampling import probs_from_logits
 
 V = 6
@@ -157,6 +157,8 @@ class TargetTopTree:
 SAMPLED_DRAFTERS = {
     # name: drafter built on the head
     "tree": lambda head: Recording(TreeDrafter(head, TreeConfig(width=2, beam=2))),
+    # shaped per round from the rounds before it (a branch only where it pays)
+    "tree_by_cost": lambda head: Recording(TreeDrafter(head, TreeConfig(width=2, beam=2, costs=RoundCosts(0.0, 0.05, 0.0)))),
     "hybrid": lambda head: Recording(HybridDrafter(head, TreeConfig(width=2, beam=2), lookup_tokens=1)),
     # the head's chain, its q dropped: drawn from q, verified as point masses
     "chain_without_q": lambda head: Recording(head, drop_q=True),

@@ -4,6 +4,7 @@ A user's mistake (an `MtpspecError`) becomes one line on stderr and exit status 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -316,9 +317,12 @@ def costs(
     if save_k and head_dir is not None:
         rec = save_recommended_k(head_dir, c.dtype, best or 0)
         typer.echo(f"saved recommended_k {rec} in {head_dir}", err=True)
+    rc = c.round_costs()
     if as_json:
         typer.echo(json.dumps({"dtype": c.dtype, "context": c.context, "verify_ms": {n: v * 1e3 for n, v in c.verify_s.items()},
                                "draft_step_ms": c.draft_step_s * 1e3, "draft_vocab": c.draft_vocab,
+                               "tree_verify_ms": c.tree_verify_s * 1e3 if c.tree_verify_s else None,
+                               "round_costs": dataclasses.asdict(rc) if rc else None,
                                "predicted_speedup": speedups, "best_k": best}))
         return
     typer.echo(f"{loaded.name} {c.dtype}, {c.context} cached tokens, {torch.get_num_threads()} threads")
@@ -326,6 +330,9 @@ def costs(
         typer.echo(f"  target forward over {n} token(s): {v * 1e3:7.2f} ms  ({c.relative(n):.2f}x of 1)")
     typer.echo(f"  head draft step ({c.draft_vocab} output rows): {c.draft_step_s * 1e3:.2f} ms "
                f"({c.draft_step_s / c.verify_s[1]:.3f}x of a 1-token target forward)")
+    if rc is not None and c.tree_verify_s is not None:
+        typer.echo(f"  tree verify (spine of 4 + 3 siblings, 4 planes): {c.tree_verify_s * 1e3:.2f} ms; cost-shaped "
+                   f"tree prices here: RoundCosts(row={rc.row:.3f}, plane={rc.plane:.3f}, step={rc.step:.3f})")
     if rates:
         typer.echo(f"  acceptance per position: {', '.join(f'{a:.2f}' for a in rates)}")
         for k, v in speedups.items():
@@ -353,9 +360,12 @@ def bench(
     hf_dtype: str = typer.Option("fp32", "--hf-dtype", help="dtype of HF's own methods (hf, lookup, assisted): "
                                  "fp32 is what HF loads by default; 'same' = --dtype."),
     tree_nodes: int = typer.Option(8, "--tree-nodes", help="Draft nodes per round for mtp-tree and hybrid."),
-    tree_depth: int = typer.Option(4, "--tree-depth", help="Deepest node of those trees."),
-    tree_floor: float = typer.Option(0.1, "--tree-floor",
-                                     help="Least cumulative draft probability of a node off the head's greedy spine."),
+    tree_shape: str = typer.Option("cost", "--tree-shape", help="How mtp-tree and hybrid shape each round's tree: "
+                                   "'cost' (from the measured costs and the head's confidence) or 'fixed' (the "
+                                   "--tree-nodes best nodes, --tree-floor)."),
+    tree_depth: int = typer.Option(6, "--tree-depth", help="Deepest node of those trees."),
+    tree_floor: float = typer.Option(0.1, "--tree-floor", help="--tree-shape fixed: least cumulative draft "
+                                     "probability of a node off the head's greedy spine."),
     hybrid_lookup: int = typer.Option(6, "--hybrid-lookup", help="Prompt-lookup nodes in each hybrid tree."),
     switch_tokens: int = typer.Option(6, "--switch-tokens", help="Longest prompt-lookup chain of `switch` (its "
                                       "other rounds draft the head's chain)."),
@@ -379,7 +389,8 @@ def bench(
     cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()), num_draft_tokens=num_draft_tokens,
                       sweep=tuple(parse_list(sweep, int, "--sweep")) if sweep else (), max_new_tokens=max_new_tokens,
                       reps=reps, warmup=warmup, lookup_tokens=lookup_tokens, tree_nodes=tree_nodes,
-                      tree_depth=tree_depth, tree_floor=tree_floor, hybrid_lookup=hybrid_lookup, switch_tokens=switch_tokens)
+                      tree_shape=tree_shape, tree_depth=tree_depth, tree_floor=tree_floor, hybrid_lookup=hybrid_lookup,
+                      switch_tokens=switch_tokens)
     plist = load_prompts(prompts, limit)  # fail on a bad prompts file before loading any model
     now = datetime.datetime.now()
     out = out or Path("reports") / f"bench-{now:%Y%m%d-%H%M%S}"

@@ -39,6 +39,25 @@ from .head import MTPHead
 
 
 @dataclass(frozen=True)
+class RoundCosts:
+    """What the parts of a round cost, as fractions of one target forward over one token. The
+    cost-shaped tree keeps a node only where its chance of acceptance pays for what it adds.
+    Defaults: measured on a 2-core Xeon with AMX (bf16, SmolLM2-135M, 120-450 cached tokens,
+    2026-11-30); `mtpspec costs` measures them on yours."""
+
+    # One more verify row that continues a chain (the spine, or a branch's own chain).
+    row: float = 0.007
+    # One more branch off the spine: the verify pass attends its own copy of the cache.
+    plane: float = 0.09
+    # One more depth of drafting: one batched head step.
+    step: float = 0.058
+
+    def __post_init__(self) -> None:
+        if min(self.row, self.plane, self.step) < 0:
+            raise InputError(f"RoundCosts must be >= 0, got {self}.")
+
+
+@dataclass(frozen=True)
 class TreeConfig:
     # Children expanded under each expanded node: the head's top-W tokens.
     width: int = 3
@@ -46,26 +65,43 @@ class TreeConfig:
     beam: int = 4
     # Deepest draft (steps from the last committed token); None = as deep as the node budget.
     max_depth: int | None = 6
-    # A node off the spine (the head's own greedy chain) is kept only if its cumulative draft
-    # probability reaches this. Why: the spine verifies on the cache itself at almost no cost
-    # per row, but every other branch attends its own copy of the cache (`Target.forward`); a
-    # branch the head gives little chance rarely pays for its copy.
+    # Fixed shape (costs None): a node off the spine (the head's own greedy chain) is kept only
+    # if its cumulative draft probability reaches this. Why: the spine verifies on the cache
+    # itself at almost no cost per row, but every other branch attends its own copy of the
+    # cache (`Target.forward`); a branch the head gives little chance rarely pays for its copy.
     min_branch_prob: float = 0.0
+    # Cost-shaped tree (costs given): each round keeps a node when its cumulative draft
+    # probability (the chance that it is accepted: the head is calibrated, see the README) times
+    # the tokens a unit of cost has bought so far reaches what the node adds to the round's
+    # cost: a row, or a plane for the first node of a new branch; drafting goes one depth
+    # deeper while the kept nodes' probability at this depth, times `deeper_share`, pays for a
+    # head step. The tokens per unit of cost are a running mean over the drafter's own rounds.
+    costs: RoundCosts | None = None
+    # Share of a depth's probability expected to pay at the next depth (from a sweep of
+    # simulated rounds on the built-in and Spec-Bench prompts: 0.3 was best on both).
+    deeper_share: float = 0.3
+    # Weight of the newest round in the running means (tokens per round, cost per round).
+    feedback: float = 0.1
 
     def __post_init__(self) -> None:
         if self.width < 1 or self.beam < 1 or (self.max_depth is not None and self.max_depth < 1):
             raise InputError(f"TreeConfig needs width, beam and max_depth >= 1, got {self}.")
         if not 0.0 <= self.min_branch_prob <= 1.0:
             raise InputError(f"TreeConfig.min_branch_prob must be in [0, 1], got {self.min_branch_prob}.")
+        if not 0.0 < self.deeper_share <= 1.0 or not 0.0 < self.feedback <= 1.0:
+            raise InputError(f"TreeConfig.deeper_share and feedback must be in (0, 1], got {self.deeper_share} and "
+                             f"{self.feedback}.")
 
 
-# The tree shape that `mtpspec bench` (mtp-tree, hybrid) and `mtpspec generate --tree` use: 8
-# nodes, at most 4 deep, a branch off the spine only where the head gives it >= 10%, and (hybrid)
-# a prompt-lookup branch of up to 6. From a sweep on the built-in prompts (bf16, 2 threads,
-# 2026-11-30): every branch off the spine costs the verify pass a copy of the cache, and deep or
-# unlikely branches did not pay for theirs (README, "Draft trees").
+# The tree that `mtpspec bench` (mtp-tree, hybrid) and `mtpspec generate --tree` use: at most
+# 8 nodes and 6 deep, shaped each round by the costs (`RoundCosts`), and (hybrid) a
+# prompt-lookup branch of up to 6. In simulated rounds over the head's own candidates at every
+# position of the greedy outputs (built-in and 48 Spec-Bench prompts), costs from this machine,
+# it beat every fixed chain and the fixed tree (8 nodes, depth 4, floor 0.1) on both sets
+# (README, "Draft trees"). `FIXED_TREE` is that fixed tree.
 TREE_NODES = 8
-TREE_SHAPE = TreeConfig(max_depth=4, min_branch_prob=0.1)
+TREE_SHAPE = TreeConfig(costs=RoundCosts())
+FIXED_TREE = TreeConfig(max_depth=4, min_branch_prob=0.1)
 HYBRID_LOOKUP = 6
 
 
@@ -82,19 +118,90 @@ def _as_draft(nodes: list[_Node]) -> Draft:
 
 
 class TreeDrafter:
-    """A draft tree of N nodes from an MTP head (deterministic: the same tree whether decoding
-    greedily or sampling)."""
+    """A draft tree of at most N nodes from an MTP head (deterministic: the same tree whether
+    decoding greedily or sampling, given the same rounds before it). With `config.costs` the
+    shape follows the costs and the head's confidence each round (`shaped_by_cost`), else it is
+    the N best nodes (`ranked_nodes`, `shaped`)."""
 
     def __init__(self, head: MTPHead, config: TreeConfig | None = None):
         self.head = head
         self.config = config or TreeConfig()
+        # Running means over this drafter's rounds (cost-shaped trees): tokens a round emitted,
+        # and what it cost in one-token forwards; their ratio prices a node.
+        self.tokens_per_round = 2.0
+        self.cost_per_round = 1.2
+        self._last: tuple[int, int, int] = (1, 1, 0)  # (verify rows, planes, head steps) of the last draft
 
     @property
     def hidden_layers(self) -> tuple[int, ...]:
         return self.head.hidden_layers
 
     def update(self, drafted: int, accepted: int) -> None:
-        """The tree's shape is fixed by its config."""
+        """Fold the last round into the running means (cost-shaped trees only)."""
+        c, a = self.config.costs, self.config.feedback
+        if c is None:
+            return
+        rows, planes, steps = self._last
+        cost = 1.0 + c.row * (rows - 1) + c.plane * (planes - 1) + c.step * steps
+        self.tokens_per_round += a * (accepted + 1 - self.tokens_per_round)
+        self.cost_per_round += a * (cost - self.cost_per_round)
+
+    @torch.no_grad()
+    def shaped_by_cost(self, inp: DraftInput, n: int) -> list[_Node]:
+        """At most n nodes, depth by depth, each depth's best first (parents before children).
+        A node is kept when exp(score) * value >= its price, value = tokens per unit of cost so
+        far: `row` if it continues a chain (its parent's first kept child), `plane + row` if it
+        starts a branch. Drafting stops when no node of a depth was kept, or when the kept
+        probability there times `deeper_share` does not pay for another head step."""
+        head, cfg = self.head, self.config
+        costs = cfg.costs
+        assert costs is not None
+        value = self.tokens_per_round / self.cost_per_round
+        keys, values = inp.cache.layer(head.kv_layer)  # (1, Hk, L, hd), the target's own
+        L = keys.shape[2]
+        depth_limit = min(n, cfg.max_depth or n)
+        kept: list[_Node] = []
+        tails = {-1}  # kept nodes no kept child continues yet (-1: the root, before the spine)
+        planes, steps = 1, 0
+        frontier = [-1]  # kept node ids to expand at this depth (-1 = the root)
+        states = head.initial_state(inp.hidden[:, None])  # (1, R, D)
+        tokens = inp.tokens[:, -1:]  # (1, R): the token each frontier node sits on
+        scores = [0.0]
+        vocab, extra = head.round_vocab(inp.tokens)  # (V'',), (E, D)
+        for depth in range(depth_limit):
+            R = len(frontier)
+            cos, sin = head.rope(torch.full((1, R), L + depth, device=states.device), states)  # (1, R, hd)
+            states = head.step(states, tokens, cos, sin, keys, values, None)  # (1, R, D)
+            steps += 1
+            logp = head.project(head.target.final_norm(states), extra)[0].float().log_softmax(-1)  # (R, V'')
+            top = logp.topk(min(cfg.width, logp.shape[-1]), dim=-1)  # (R, W)
+            ids = top.indices if vocab is None else vocab[top.indices]  # (R, W) target ids
+            cand = sorted(((scores[r] + float(top.values[r, j]), r, j) for r in range(R) for j in range(top.indices.shape[1])),
+                          key=lambda c: -c[0])
+            born: list[tuple[int, int]] = []  # (kept id, frontier row)
+            for score, r, j in cand:
+                if len(kept) == n:
+                    break
+                parent = frontier[r]
+                starts_branch = parent not in tails
+                price = costs.row + (costs.plane if starts_branch else 0.0)
+                if math.exp(score) * value < price:
+                    continue
+                kept.append(_Node(int(ids[r, j]), parent, score))
+                tails.discard(parent)
+                tails.add(len(kept) - 1)
+                planes += starts_branch
+                born.append((len(kept) - 1, r))
+            mass = sum(math.exp(kept[b].score) for b, _ in born)
+            if not born or len(kept) == n or mass * cfg.deeper_share * value < costs.step:
+                break
+            best = born[: cfg.beam]  # already best first
+            frontier = [b for b, _ in best]
+            states = states[:, torch.tensor([r for _, r in best], device=states.device)]
+            tokens = torch.tensor([[kept[b].token for b in frontier]], device=states.device)
+            scores = [kept[b].score for b in frontier]
+        self._last = (len(kept) + 1, planes, steps)
+        return kept
 
     @torch.no_grad()
     def ranked_nodes(self, inp: DraftInput, n: int) -> list[_Node]:
@@ -139,8 +246,14 @@ class TreeDrafter:
             ranked.append(_Node(nodes[i].token, remap[nodes[i].parent], nodes[i].score))
         return ranked
 
+    def nodes(self, inp: DraftInput, k: int) -> list[_Node]:
+        """This round's tree: at most k nodes, parents before children."""
+        if self.config.costs is not None:
+            return self.shaped_by_cost(inp, k)
+        return self.shaped(self.ranked_nodes(inp, k), k)
+
     def propose(self, inp: DraftInput, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Draft:
-        return _as_draft(self.shaped(self.ranked_nodes(inp, k), k))
+        return _as_draft(self.nodes(inp, k))
 
     def shaped(self, ranked: list[_Node], k: int) -> list[_Node]:
         """At most k of the ranked nodes, best first: every spine node (the greedy chain: each
@@ -210,7 +323,8 @@ class HybridDrafter:
         return self.tree.hidden_layers
 
     def update(self, drafted: int, accepted: int) -> None:
-        """The split between the two branches is fixed."""
+        """The tree's running means count the hybrid's rounds (what a unit of cost buys)."""
+        self.tree.update(drafted, accepted)
 
     @torch.no_grad()
     def propose(self, inp: DraftInput, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Draft:
@@ -223,7 +337,7 @@ class HybridDrafter:
             parent = index[(parent, tok)] = len(nodes) - 1
         self.last_branch = len(nodes)
         remap = {-1: -1}
-        for i, c in enumerate(self.tree.shaped(self.tree.ranked_nodes(inp, k), k)):
+        for i, c in enumerate(self.tree.nodes(inp, k)):
             if len(nodes) == k:
                 break
             key = (remap[c.parent], c.token)

@@ -32,7 +32,18 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.decode import generate as mtp_generate
-from ..core.drafters import HYBRID_LOOKUP, SWITCH_TOKENS, TREE_NODES, TREE_SHAPE, HybridDrafter, SwitchDrafter, TreeConfig, TreeDrafter
+from ..core.drafters import (
+    FIXED_TREE,
+    HYBRID_LOOKUP,
+    SWITCH_TOKENS,
+    TREE_NODES,
+    TREE_SHAPE,
+    HybridDrafter,
+    RoundCosts,
+    SwitchDrafter,
+    TreeConfig,
+    TreeDrafter,
+)
 from ..core.stats import DecodeStats
 from ..core.target import Target
 from ..errors import InputError
@@ -63,10 +74,13 @@ class BenchConfig:
     lookup_tokens: int = 10
     # Draft nodes per round for `mtp-tree` and `hybrid` (a tree from the head).
     tree_nodes: int = TREE_NODES
+    # How those trees are shaped: "cost" (each round from the measured costs and the head's
+    # confidence, `drafters.RoundCosts`) or "fixed" (the N best nodes, `tree_floor`).
+    tree_shape: str = "cost"
     # Deepest node of those trees (None = as deep as the nodes allow).
     tree_depth: int | None = TREE_SHAPE.max_depth
-    # Least cumulative draft probability of a node off the head's greedy spine.
-    tree_floor: float = TREE_SHAPE.min_branch_prob
+    # Fixed shape: least cumulative draft probability of a node off the head's greedy spine.
+    tree_floor: float = FIXED_TREE.min_branch_prob
     # Most nodes of the prompt-lookup branch that `hybrid` puts beside the head's tree (at most
     # tree_nodes are drafted in all).
     hybrid_lookup: int = HYBRID_LOOKUP
@@ -93,10 +107,14 @@ class BenchConfig:
         if self.tree_nodes < 1 or self.hybrid_lookup < 0:  # a lookup branch longer than the tree is cut to it
             raise InputError(f"--tree-nodes must be >= 1 and --hybrid-lookup >= 0, got {self.tree_nodes} and "
                              f"{self.hybrid_lookup}.")
+        if self.tree_shape not in ("cost", "fixed"):
+            raise InputError(f"--tree-shape must be 'cost' or 'fixed', got {self.tree_shape!r}.")
         self.tree_config  # noqa: B018 - TreeConfig refuses a bad depth or floor with its own message
 
     @property
     def tree_config(self) -> TreeConfig:
+        if self.tree_shape == "cost":
+            return TreeConfig(max_depth=self.tree_depth, costs=RoundCosts())
         return TreeConfig(max_depth=self.tree_depth, min_branch_prob=self.tree_floor)
 
     @property

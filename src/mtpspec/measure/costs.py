@@ -22,8 +22,10 @@ import torch
 
 from ..config import SamplingConfig
 from ..core.draft import DraftInput
+from ..core.drafters import FIXED_TREE, RoundCosts, TreeDrafter
 from ..core.head import MTPHead
 from ..core.target import Target
+from ..core.tree import positions, tree_mask
 from ..errors import InputError
 
 
@@ -34,9 +36,27 @@ class Costs:
     draft_step_s: float  # one head step (all its blocks + its LM-head projection)
     dtype: str
     draft_vocab: int  # rows of the head's output projection
+    # A tree verify: a spine of TREE_SPINE rows plus TREE_BRANCHES siblings at depth 1 (each its
+    # own plane), and one depth of tree drafting (a batched step of the head over its beam);
+    # None when max_n is too small for the tree.
+    tree_verify_s: float | None = None
+    tree_step_s: float | None = None
 
     def relative(self, n: int) -> float:
         return self.verify_s[n] / self.verify_s[1]
+
+    def round_costs(self) -> RoundCosts | None:
+        """The cost-shaped tree's prices on this machine, as fractions of a one-token forward."""
+        n = TREE_SPINE + TREE_BRANCHES + 1  # verify rows of the timed tree
+        if self.tree_verify_s is None or self.tree_step_s is None or n not in self.verify_s:
+            return None
+        v1, top = self.verify_s[1], max(self.verify_s)
+        return RoundCosts(row=max(0.0, (self.verify_s[top] - v1) / (top - 1) / v1),
+                          plane=max(0.0, (self.tree_verify_s - self.verify_s[n]) / TREE_BRANCHES / v1),
+                          step=self.tree_step_s / v1)
+
+
+TREE_SPINE, TREE_BRANCHES = 4, 3
 
 
 def _median_time(fn: Callable[[], object], reps: int) -> float:
@@ -64,12 +84,25 @@ def measure_costs(target: Target, head: MTPHead, max_n: int = 9, context: int = 
             target.forward(ids[:, context:context + n], cache, head.config.hidden_layers)
             cache.truncate(context)  # drop the n rows again, as a round that rejects them
         verify[n] = _median_time(run, reps)
+    tree_s = tree_step = None
+    if TREE_SPINE + TREE_BRANCHES + 1 <= max_n:
+        parents = list(range(-1, TREE_SPINE - 1)) + [-1] * TREE_BRANCHES
+        pos, mask = positions(parents, context), tree_mask(parents)
+
+        def run_tree() -> None:
+            target.forward(ids[:, context:context + len(parents) + 1], cache, head.config.hidden_layers,
+                           positions=pos, tree_mask=mask)
+            cache.truncate(context)
+        tree_s = _median_time(run_tree, reps)
     inp = DraftInput(tokens=ids[:, :context + 1], hidden=pre.hidden[:, -1], cache=cache)
     k = 4
     step = _median_time(lambda: head.propose(inp, k, SamplingConfig(), None), reps) / k
+    if tree_s is not None:
+        tree = TreeDrafter(head, FIXED_TREE)  # width 3, beam 4: every depth a batched step
+        tree_step = _median_time(lambda: tree.ranked_nodes(inp, k), reps) / k
     vocab = head.draft_ids.numel() if head.draft_ids is not None else target.vocab_size
     return Costs(context=context, verify_s=verify, draft_step_s=step, dtype=str(target.dtype).removeprefix("torch."),
-                 draft_vocab=vocab)
+                 draft_vocab=vocab, tree_verify_s=tree_s, tree_step_s=tree_step)
 
 
 def expected_tokens(position_acceptance: list[float], k: int) -> float:
