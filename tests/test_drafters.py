@@ -179,8 +179,8 @@ def _spine(parents):
 
 
 def test_a_cost_shaped_tree_keeps_only_nodes_that_pay_for_their_price():
-    """TreeConfig.costs: every kept node's cumulative draft probability times the value of a
-    unit of cost reaches its price (a row; a plane too for the first node of a branch); free
+    """TreeConfig.costs: every kept node's cumulative draft probability reaches its price (a
+    row; a plane too for the first node of a branch) times what a unit of cost bought so far; free
     rows and planes fill the budget; priceless branches leave the head's greedy chain; a head
     step that never pays stops at depth 1; each round moves the running means."""
     model = tiny_model("llama")
@@ -202,7 +202,7 @@ def test_a_cost_shaped_tree_keeps_only_nodes_that_pay_for_their_price():
         for i, n in enumerate(nodes):
             firsts.setdefault(n.parent, i)
             price = costs.row + (0.0 if firsts[n.parent] == i else costs.plane)
-            assert math.exp(n.score) * value >= price, (costs, i)
+            assert math.exp(n.score) >= price * value, (costs, i)
         rows, planes, steps = drafter._last
         assert rows == len(nodes) + 1 and planes == 1 + sum(firsts[n.parent] != i for i, n in enumerate(nodes))
     only_chain = TreeDrafter(head, TreeConfig(width=3, beam=2, costs=RoundCosts(row=0.0, plane=10.0, step=0.0),

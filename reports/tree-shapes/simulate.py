@@ -118,13 +118,13 @@ class CostShaped:
                     break
                 par = nodes[i][1]
                 price = row + (0 if par in tails else plane)
-                if math.exp(nodes[i][2]) * value >= price:
+                if math.exp(nodes[i][2]) >= price * value:
                     sel.append(i)
                     born.append(i)
                     tails.discard(par)
                     tails.add(i)
             mass = sum(math.exp(nodes[i][2]) for i in born)
-            if not born or len(sel) == self.max_nodes or mass * self.share * value < step:
+            if not born or len(sel) == self.max_nodes or mass * self.share < step * value:
                 break
             frontier = born[: self.beam]
         return sel
@@ -179,6 +179,7 @@ policies["fixed tree (8 nodes, depth 4, floor 0.1)"] = FixedTree()
 for share in (0.3, 0.5, 1.0):
     for pm in (0.7, 1.0, 1.4):
         policies[f"cost-shaped, deeper_share {share}, plane x{pm}"] = CostShaped(plane=pm * PLANE / V0, share=share)
+policies["cost-shaped chain (no branches: plane price x1000)"] = CostShaped(plane=1000 * PLANE / V0)
 print("\n| shape | tokens / round | verify rows | planes | ms / token (model) | x plain |\n|---|---|---|---|---|---|")
 for name, pol in policies.items():
     tpr, M, P, ms = simulate(pol)

@@ -71,11 +71,12 @@ class TreeConfig:
     # cache (`Target.forward`); a branch the head gives little chance rarely pays for its copy.
     min_branch_prob: float = 0.0
     # Cost-shaped tree (costs given): each round keeps a node when its cumulative draft
-    # probability (the chance that it is accepted: the head is calibrated, see the README) times
-    # the tokens a unit of cost has bought so far reaches what the node adds to the round's
-    # cost: a row, or a plane for the first node of a new branch; drafting goes one depth
-    # deeper while the kept nodes' probability at this depth, times `deeper_share`, pays for a
-    # head step. The tokens per unit of cost are a running mean over the drafter's own rounds.
+    # probability (the chance that it is accepted: the head is calibrated, see the README) buys
+    # at least as many tokens per unit of cost as the rounds so far did, for what the node adds
+    # to the round's cost: a row, or a plane for the first node of a new branch. Drafting goes
+    # one depth deeper while the kept nodes' probability at this depth, times `deeper_share`,
+    # pays for a head step the same way. Tokens per unit of cost: a running mean over the
+    # drafter's own rounds (a node pays when p / price >= tokens per unit of cost).
     costs: RoundCosts | None = None
     # Share of a depth's probability expected to pay at the next depth (from a sweep of
     # simulated rounds on the built-in and Spec-Bench prompts: 0.3 was best on both).
@@ -149,10 +150,11 @@ class TreeDrafter:
     @torch.no_grad()
     def shaped_by_cost(self, inp: DraftInput, n: int) -> list[_Node]:
         """At most n nodes, depth by depth, each depth's best first (parents before children).
-        A node is kept when exp(score) * value >= its price, value = tokens per unit of cost so
-        far: `row` if it continues a chain (its parent's first kept child), `plane + row` if it
-        starts a branch. Drafting stops when no node of a depth was kept, or when the kept
-        probability there times `deeper_share` does not pay for another head step."""
+        A node is kept when exp(score) >= its price * value, value = tokens per unit of cost
+        so far (so the node does not lower it): price `row` if it continues a chain (its
+        parent's first kept child), `plane + row` if it starts a branch. Drafting stops when no
+        node of a depth was kept, or when the kept probability there times `deeper_share` is
+        below `step * value`."""
         head, cfg = self.head, self.config
         costs = cfg.costs
         assert costs is not None
@@ -185,7 +187,7 @@ class TreeDrafter:
                 parent = frontier[r]
                 starts_branch = parent not in tails
                 price = costs.row + (costs.plane if starts_branch else 0.0)
-                if math.exp(score) * value < price:
+                if math.exp(score) < price * value:
                     continue
                 kept.append(_Node(int(ids[r, j]), parent, score))
                 tails.discard(parent)
@@ -193,7 +195,7 @@ class TreeDrafter:
                 planes += starts_branch
                 born.append((len(kept) - 1, r))
             mass = sum(math.exp(kept[b].score) for b, _ in born)
-            if not born or len(kept) == n or mass * cfg.deeper_share * value < costs.step:
+            if not born or len(kept) == n or mass * cfg.deeper_share < costs.step * value:
                 break
             best = born[: cfg.beam]  # already best first
             frontier = [b for b, _ in best]
