@@ -11,7 +11,10 @@ tree that contains each kept node's ancestors. All nodes of one depth sit at the
 and share the head's cross-attention to the target's cache, so a depth costs one batched head
 step. The children are chosen deterministically, also when sampling: the drafts carry no q and
 are verified as point masses (`verify.accept_speculative_tree`), which keeps the target's
-distribution exactly.
+distribution exactly. A cost-shaped tree (`TreeConfig.costs`) instead keeps, each round, only
+the nodes whose draft probability pays for what they add to the round (a verify row, a copy of
+the cache for a new branch, a head step for a new depth), priced in tokens per unit of cost
+of the drafter's rounds so far; on this CPU it is the one that beats the head's chain.
 
 Prompt lookup (as HF's `prompt_lookup_num_tokens`, Saxena 2023): find the last n-gram of the
 text earlier in it and propose what followed. Strong when the answer quotes the prompt
