@@ -150,6 +150,19 @@ class TreeDrafter:
         self.tokens_per_round += a * (accepted + 1 - self.tokens_per_round)
         self.cost_per_round += a * (cost - self.cost_per_round)
 
+    def _children(self, states: torch.Tensor, tokens: torch.Tensor, position: int, keys: torch.Tensor,
+                  values: torch.Tensor, vocab: torch.Tensor | None, extra: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One batched head step over the R frontier nodes (all at `position`): their next
+        states (1, R, D), and the log-probabilities (R, W) and target ids (R, W) of each one's
+        W most likely children."""
+        head = self.head
+        cos, sin = head.rope(torch.full((1, tokens.shape[1]), position, device=states.device), states)  # (1, R, hd)
+        states = head.step(states, tokens, cos, sin, keys, values, None)  # (1, R, D)
+        logp = head.project(head.target.final_norm(states), extra)[0].float().log_softmax(-1)  # (R, V'')
+        top = logp.topk(min(self.config.width, logp.shape[-1]), dim=-1)  # (R, W)
+        return states, top.values, top.indices if vocab is None else vocab[top.indices]
+
     @torch.no_grad()
     def shaped_by_cost(self, inp: DraftInput, n: int) -> list[_Node]:
         """At most n nodes, depth by depth, each depth's best first (parents before children).
@@ -174,14 +187,9 @@ class TreeDrafter:
         scores = [0.0]
         vocab, extra = head.round_vocab(inp.tokens)  # (V'',), (E, D)
         for depth in range(depth_limit):
-            R = len(frontier)
-            cos, sin = head.rope(torch.full((1, R), L + depth, device=states.device), states)  # (1, R, hd)
-            states = head.step(states, tokens, cos, sin, keys, values, None)  # (1, R, D)
+            states, top, ids = self._children(states, tokens, L + depth, keys, values, vocab, extra)
             steps += 1
-            logp = head.project(head.target.final_norm(states), extra)[0].float().log_softmax(-1)  # (R, V'')
-            top = logp.topk(min(cfg.width, logp.shape[-1]), dim=-1)  # (R, W)
-            ids = top.indices if vocab is None else vocab[top.indices]  # (R, W) target ids
-            cand = sorted(((scores[r] + float(top.values[r, j]), r, j) for r in range(R) for j in range(top.indices.shape[1])),
+            cand = sorted(((scores[r] + float(top[r, j]), r, j) for r in range(top.shape[0]) for j in range(top.shape[1])),
                           key=lambda c: -c[0])
             born: list[tuple[int, int]] = []  # (kept id, frontier row)
             for score, r, j in cand:
@@ -222,16 +230,11 @@ class TreeDrafter:
         scores = [0.0]
         vocab, extra = head.round_vocab(inp.tokens)  # (V'',), (E, D)
         for depth in range(depth_limit):
-            R = len(frontier)
-            cos, sin = head.rope(torch.full((1, R), L + depth, device=states.device), states)  # (1, R, hd)
-            states = head.step(states, tokens, cos, sin, keys, values, None)  # (1, R, D)
-            logp = head.project(head.target.final_norm(states), extra)[0].float().log_softmax(-1)  # (R, V'')
-            top = logp.topk(min(cfg.width, logp.shape[-1]), dim=-1)  # (R, W)
-            ids = top.indices if vocab is None else vocab[top.indices]  # (R, W) target ids
+            states, top, ids = self._children(states, tokens, L + depth, keys, values, vocab, extra)
             born = []
-            for r in range(R):
-                for j in range(top.indices.shape[1]):
-                    nodes.append(_Node(int(ids[r, j]), frontier[r], scores[r] + float(top.values[r, j])))
+            for r in range(top.shape[0]):
+                for j in range(top.shape[1]):
+                    nodes.append(_Node(int(ids[r, j]), frontier[r], scores[r] + float(top[r, j])))
                     born.append((len(nodes) - 1, r))
             # expand the best `beam` of the new nodes at the next depth
             best = sorted(born, key=lambda b: -nodes[b[0]].score)[: cfg.beam]
