@@ -150,6 +150,15 @@ class TreeDrafter:
         self.tokens_per_round += a * (accepted + 1 - self.tokens_per_round)
         self.cost_per_round += a * (cost - self.cost_per_round)
 
+    def _root(self, inp: DraftInput) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor,
+                                             torch.Tensor | None, torch.Tensor | None]:
+        """What every depth of a round's tree reads: the target's cached keys and values at the
+        head's layer (1, Hk, L, hd) each, zero copy; L; the root's head state (1, 1, D) and token
+        (1, 1); this round's vocabulary (V'',) and extra LM-head rows (E, D)."""
+        keys, values = inp.cache.layer(self.head.kv_layer)
+        vocab, extra = self.head.round_vocab(inp.tokens)
+        return keys, values, keys.shape[2], self.head.initial_state(inp.hidden[:, None]), inp.tokens[:, -1:], vocab, extra
+
     def _children(self, states: torch.Tensor, tokens: torch.Tensor, position: int, keys: torch.Tensor,
                   values: torch.Tensor, vocab: torch.Tensor | None, extra: torch.Tensor | None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -171,22 +180,17 @@ class TreeDrafter:
         parent's first kept child), `plane + row` if it starts a branch. Drafting stops when no
         node of a depth was kept, or when the kept probability there times `deeper_share` is
         below `step * value`."""
-        head, cfg = self.head, self.config
+        cfg = self.config
         costs = cfg.costs
         assert costs is not None
         value = self.tokens_per_round / self.cost_per_round
-        keys, values = inp.cache.layer(head.kv_layer)  # (1, Hk, L, hd), the target's own
-        L = keys.shape[2]
-        depth_limit = min(n, cfg.max_depth or n)
+        keys, values, L, states, tokens, vocab, extra = self._root(inp)
         kept: list[_Node] = []
         tails = {-1}  # kept nodes no kept child continues yet (-1: the root, before the spine)
         planes, steps = 1, 0
         frontier = [-1]  # kept node ids to expand at this depth (-1 = the root)
-        states = head.initial_state(inp.hidden[:, None])  # (1, R, D)
-        tokens = inp.tokens[:, -1:]  # (1, R): the token each frontier node sits on
         scores = [0.0]
-        vocab, extra = head.round_vocab(inp.tokens)  # (V'',), (E, D)
-        for depth in range(depth_limit):
+        for depth in range(min(n, cfg.max_depth or n)):
             states, top, ids = self._children(states, tokens, L + depth, keys, values, vocab, extra)
             steps += 1
             cand = sorted(((scores[r] + float(top[r, j]), r, j) for r in range(top.shape[0]) for j in range(top.shape[1])),
@@ -219,17 +223,12 @@ class TreeDrafter:
     @torch.no_grad()
     def ranked_nodes(self, inp: DraftInput, n: int) -> list[_Node]:
         """Candidate nodes, best first; every prefix of the list holds its nodes' ancestors."""
-        head, cfg = self.head, self.config
-        keys, values = inp.cache.layer(head.kv_layer)  # (1, Hk, L, hd), the target's own
-        L = keys.shape[2]
-        depth_limit = min(n, cfg.max_depth or n)
+        cfg = self.config
+        keys, values, L, states, tokens, vocab, extra = self._root(inp)
         nodes: list[_Node] = []
         frontier = [-1]  # node ids to expand at this depth (-1 = the root)
-        states = head.initial_state(inp.hidden[:, None])  # (1, R, D)
-        tokens = inp.tokens[:, -1:]  # (1, R): the token each frontier node sits on
         scores = [0.0]
-        vocab, extra = head.round_vocab(inp.tokens)  # (V'',), (E, D)
-        for depth in range(depth_limit):
+        for depth in range(min(n, cfg.max_depth or n)):
             states, top, ids = self._children(states, tokens, L + depth, keys, values, vocab, extra)
             born = []
             for r in range(top.shape[0]):
