@@ -161,16 +161,17 @@ class TreeDrafter:
 
     def _children(self, states: torch.Tensor, tokens: torch.Tensor, position: int, keys: torch.Tensor,
                   values: torch.Tensor, vocab: torch.Tensor | None, extra: torch.Tensor | None
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  ) -> tuple[torch.Tensor, list[list[float]], list[list[int]]]:
         """One batched head step over the R frontier nodes (all at `position`): their next
-        states (1, R, D), and the log-probabilities (R, W) and target ids (R, W) of each one's
-        W most likely children."""
+        states (1, R, D), and the log-probabilities [R][W] and target ids [R][W] of each one's
+        W most likely children (as lists: read one by one, a tensor element costs a call)."""
         head = self.head
         cos, sin = head.rope(torch.full((1, tokens.shape[1]), position, device=states.device), states)  # (1, R, hd)
         states = head.step(states, tokens, cos, sin, keys, values, None)  # (1, R, D)
         logp = head.project(head.target.final_norm(states), extra)[0].float().log_softmax(-1)  # (R, V'')
         top = logp.topk(min(self.config.width, logp.shape[-1]), dim=-1)  # (R, W)
-        return states, top.values, top.indices if vocab is None else vocab[top.indices]
+        ids = top.indices if vocab is None else vocab[top.indices]  # (R, W)
+        return states, top.values.tolist(), ids.tolist()
 
     @torch.no_grad()
     def shaped_by_cost(self, inp: DraftInput, n: int) -> list[_Node]:
@@ -193,8 +194,7 @@ class TreeDrafter:
         for depth in range(min(n, cfg.max_depth or n)):
             states, top, ids = self._children(states, tokens, L + depth, keys, values, vocab, extra)
             steps += 1
-            cand = sorted(((scores[r] + float(top[r, j]), r, j) for r in range(top.shape[0]) for j in range(top.shape[1])),
-                          key=lambda c: -c[0])
+            cand = sorted(((scores[r] + lp, r, j) for r, row in enumerate(top) for j, lp in enumerate(row)), key=lambda c: -c[0])
             born: list[tuple[int, int]] = []  # (kept id, frontier row)
             for score, r, j in cand:
                 if len(kept) == n:
@@ -204,7 +204,7 @@ class TreeDrafter:
                 price = costs.row + (costs.plane if starts_branch else 0.0)
                 if math.exp(score) < price * value:
                     continue
-                kept.append(_Node(int(ids[r, j]), parent, score))
+                kept.append(_Node(ids[r][j], parent, score))
                 tails.discard(parent)
                 tails.add(len(kept) - 1)
                 planes += starts_branch
@@ -231,9 +231,9 @@ class TreeDrafter:
         for depth in range(min(n, cfg.max_depth or n)):
             states, top, ids = self._children(states, tokens, L + depth, keys, values, vocab, extra)
             born = []
-            for r in range(top.shape[0]):
-                for j in range(top.shape[1]):
-                    nodes.append(_Node(int(ids[r, j]), frontier[r], scores[r] + float(top[r, j])))
+            for r, row in enumerate(top):
+                for j, lp in enumerate(row):
+                    nodes.append(_Node(ids[r][j], frontier[r], scores[r] + lp))
                     born.append((len(nodes) - 1, r))
             # expand the best `beam` of the new nodes at the next depth
             best = sorted(born, key=lambda b: -nodes[b[0]].score)[: cfg.beam]
