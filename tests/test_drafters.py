@@ -179,8 +179,10 @@ def _spine(parents):
 
 
 def test_a_cost_shaped_tree_keeps_only_nodes_that_pay_for_their_price():
-    """TreeConfig.costs: every kept node's cumulative draft probability reaches its price (a
-    row; a plane too for the first node of a branch) times what a unit of cost bought so far; free
+    """TreeConfig.costs: every kept node's gain reaches its price times what a unit of cost
+    bought so far (a node continuing a chain: its cumulative draft probability against a row;
+    the first node of a branch: that probability times 1 + the expected continuation against a
+    row and a plane); free
     rows and planes fill the budget; priceless branches leave the head's greedy chain; a head
     step that never pays stops at depth 1; each round moves the running means."""
     model = tiny_model("llama")
@@ -201,8 +203,10 @@ def test_a_cost_shaped_tree_keeps_only_nodes_that_pay_for_their_price():
         firsts = {}  # parent -> its first kept child (which continues the parent's chain)
         for i, n in enumerate(nodes):
             firsts.setdefault(n.parent, i)
-            price = costs.row + (0.0 if firsts[n.parent] == i else costs.plane)
-            assert math.exp(n.score) >= price * value, (costs, i)
+            starts = firsts[n.parent] != i
+            price = costs.row + (costs.plane if starts else 0.0)
+            gain = math.exp(n.score) * (1.0 + drafter.continuation if starts else 1.0)
+            assert gain >= price * value, (costs, i)
         rows, planes, steps = drafter._last
         assert rows == len(nodes) + 1 and planes == 1 + sum(firsts[n.parent] != i for i, n in enumerate(nodes))
     only_chain = TreeDrafter(head, TreeConfig(width=3, beam=2, costs=RoundCosts(row=0.0, plane=10.0, step=0.0),
@@ -214,6 +218,21 @@ def test_a_cost_shaped_tree_keeps_only_nodes_that_pay_for_their_price():
     before = (only_chain.tokens_per_round, only_chain.cost_per_round)
     only_chain.update(6, 6)  # a round that kept every draft: 7 tokens for 1 + 6 * 0 + 6 * 0
     assert only_chain.tokens_per_round > before[0] and only_chain.cost_per_round < before[1]
+    # The continuation credit: rounds that accepted a draft move it, rounds that did not leave it;
+    # a larger one opens at least the depth-1 branches a smaller one does.
+    c0 = only_chain.continuation
+    only_chain.update(6, 0)
+    assert only_chain.continuation == c0
+    only_chain.update(6, 6)
+    assert only_chain.continuation > c0
+    costs = RoundCosts(row=0.002, plane=0.2, step=0.001)
+    sizes = []
+    for credit in (0.0, 0.5, 3.0):
+        drafter = TreeDrafter(head, TreeConfig(width=3, beam=2, costs=costs))
+        drafter.continuation = credit
+        nodes = drafter.nodes(inp, 9)
+        sizes.append(sum(n.parent == -1 for n in nodes))
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1], sizes
     with pytest.raises(mtpspec.InputError, match="RoundCosts"):
         RoundCosts(row=-1.0)
     with pytest.raises(mtpspec.InputError, match="deeper_share"):

@@ -96,10 +96,13 @@ class CostShaped:
     """`TreeDrafter.shaped_by_cost` on the collected candidates."""
 
     def __init__(self, row=ROW / V0, plane=PLANE / V0, step=TREE_STEP / V0, share=0.3, max_nodes=8, max_depth=6,
-                 beam=4, alpha=0.1):
+                 beam=4, alpha=0.1, credit=True):
         self.c = (row, plane, step)
         self.share, self.max_nodes, self.max_depth, self.beam, self.alpha = share, max_nodes, max_depth, beam, alpha
         self.tpr, self.cpr = 2.0, 1.2
+        # A branch's first node counts the drafts its branch is expected to add after it: the
+        # running mean of accepted drafts after the first, in rounds that accepted one.
+        self.credit, self.continuation = credit, 0.5
 
     def __call__(self, nodes):
         row, plane, step = self.c
@@ -118,7 +121,9 @@ class CostShaped:
                     break
                 par = nodes[i][1]
                 price = row + (0 if par in tails else plane)
-                if math.exp(nodes[i][2]) >= price * value:
+                starts = par not in tails
+                gain = math.exp(nodes[i][2]) * (1 + self.continuation if starts and self.credit else 1)
+                if gain >= price * value:
                     sel.append(i)
                     born.append(i)
                     tails.discard(par)
@@ -135,6 +140,8 @@ class CostShaped:
     def feedback(self, tokens, sel, P):
         row, plane, step = self.c
         self.tpr += self.alpha * (tokens - self.tpr)
+        if tokens >= 2:
+            self.continuation += self.alpha * (tokens - 2 - self.continuation)
         self.cpr += self.alpha * (1 + row * len(sel) + plane * (P - 1) + step * self.steps - self.cpr)
 
 
@@ -179,6 +186,7 @@ policies["fixed tree (8 nodes, depth 4, floor 0.1)"] = FixedTree()
 for share in (0.3, 0.5, 1.0):
     for pm in (0.7, 1.0, 1.4):
         policies[f"cost-shaped, deeper_share {share}, plane x{pm}"] = CostShaped(plane=pm * PLANE / V0, share=share)
+policies["cost-shaped, deeper_share 0.3, no continuation credit (the rule before it)"] = CostShaped(credit=False)
 policies["cost-shaped chain (no branches: plane price x1000)"] = CostShaped(plane=1000 * PLANE / V0)
 print("\n| shape | tokens / round | verify rows | planes | ms / token (model) | x plain |\n|---|---|---|---|---|---|")
 for name, pol in policies.items():

@@ -79,7 +79,10 @@ class TreeConfig:
     # to the round's cost: a row, or a plane for the first node of a new branch. Drafting goes
     # one depth deeper while the kept nodes' probability at this depth, times `deeper_share`,
     # pays for a head step the same way. Tokens per unit of cost: a running mean over the
-    # drafter's own rounds (a node pays when p / price >= tokens per unit of cost).
+    # drafter's own rounds (a node pays when p / price >= tokens per unit of cost). The first
+    # node of a branch pays the plane for the whole branch, so its p counts the tokens its
+    # branch is expected to add after it: p * (1 + continuation), continuation = the running
+    # mean of the accepted drafts after the first, over rounds that accepted one.
     costs: RoundCosts | None = None
     # Share of a depth's probability expected to pay at the next depth (from a sweep of
     # simulated rounds on the built-in and Spec-Bench prompts: 0.3 was best on both).
@@ -134,6 +137,7 @@ class TreeDrafter:
         # and what it cost in one-token forwards; their ratio prices a node.
         self.tokens_per_round = 2.0
         self.cost_per_round = 1.2
+        self.continuation = 0.5  # accepted drafts after the first, in rounds that accepted one
         self._last: tuple[int, int, int] = (1, 1, 0)  # (verify rows, planes, head steps) of the last draft
 
     @property
@@ -149,6 +153,8 @@ class TreeDrafter:
         cost = 1.0 + c.row * (rows - 1) + c.plane * (planes - 1) + c.step * steps
         self.tokens_per_round += a * (accepted + 1 - self.tokens_per_round)
         self.cost_per_round += a * (cost - self.cost_per_round)
+        if accepted >= 1:
+            self.continuation += a * (accepted - 1 - self.continuation)
 
     def _root(self, inp: DraftInput) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor,
                                              torch.Tensor | None, torch.Tensor | None]:
@@ -176,9 +182,11 @@ class TreeDrafter:
     @torch.no_grad()
     def shaped_by_cost(self, inp: DraftInput, n: int) -> list[_Node]:
         """At most n nodes, depth by depth, each depth's best first (parents before children).
-        A node is kept when exp(score) >= its price * value, value = tokens per unit of cost
-        so far (so the node does not lower it): price `row` if it continues a chain (its
-        parent's first kept child), `plane + row` if it starts a branch. Drafting stops when no
+        A node is kept when its gain >= its price * value, value = tokens per unit of cost so
+        far (so the node does not lower it). A node that continues a chain (its parent's first
+        kept child): gain exp(score), price `row`. A node that starts a branch: gain
+        exp(score) * (1 + continuation), as the branch's later nodes need no plane of their
+        own; price `plane + row`. Drafting stops when no
         node of a depth was kept, or when the kept probability there times `deeper_share` is
         below `step * value`."""
         cfg = self.config
@@ -202,7 +210,8 @@ class TreeDrafter:
                 parent = frontier[r]
                 starts_branch = parent not in tails
                 price = costs.row + (costs.plane if starts_branch else 0.0)
-                if math.exp(score) < price * value:
+                gain = math.exp(score) * (1.0 + self.continuation if starts_branch else 1.0)
+                if gain < price * value:
                     continue
                 kept.append(_Node(ids[r][j], parent, score))
                 tails.discard(parent)
