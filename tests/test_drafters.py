@@ -179,10 +179,9 @@ def _spine(parents):
 
 
 def test_a_cost_shaped_tree_keeps_only_nodes_that_pay_for_their_price():
-    """TreeConfig.costs: every kept node's gain reaches its price times what a unit of cost
-    bought so far (a node continuing a chain: its cumulative draft probability against a row;
-    the first node of a branch: that probability times 1 + the expected continuation against a
-    row and a plane); free
+    """TreeConfig.costs: every kept node's cumulative draft probability reaches its price (a
+    row; a plane too for the first node of a branch, whose probability `branch_credit` scales
+    by 1 + the expected continuation) times what a unit of cost bought so far; free
     rows and planes fill the budget; priceless branches leave the head's greedy chain; a head
     step that never pays stops at depth 1; each round moves the running means."""
     model = tiny_model("llama")
@@ -205,7 +204,7 @@ def test_a_cost_shaped_tree_keeps_only_nodes_that_pay_for_their_price():
             firsts.setdefault(n.parent, i)
             starts = firsts[n.parent] != i
             price = costs.row + (costs.plane if starts else 0.0)
-            gain = math.exp(n.score) * (1.0 + drafter.continuation if starts else 1.0)
+            gain = math.exp(n.score)  # branch_credit is off
             assert gain >= price * value, (costs, i)
         rows, planes, steps = drafter._last
         assert rows == len(nodes) + 1 and planes == 1 + sum(firsts[n.parent] != i for i, n in enumerate(nodes))
@@ -218,8 +217,9 @@ def test_a_cost_shaped_tree_keeps_only_nodes_that_pay_for_their_price():
     before = (only_chain.tokens_per_round, only_chain.cost_per_round)
     only_chain.update(6, 6)  # a round that kept every draft: 7 tokens for 1 + 6 * 0 + 6 * 0
     assert only_chain.tokens_per_round > before[0] and only_chain.cost_per_round < before[1]
-    # The continuation credit: rounds that accepted a draft move it, rounds that did not leave it;
-    # a larger one opens at least the depth-1 branches a smaller one does.
+    # branch_credit: rounds that accepted a draft move the continuation, rounds that did not leave
+    # it; a larger one opens at least the depth-1 branches a smaller one does, and every kept
+    # node's gain, credit included, pays its price.
     c0 = only_chain.continuation
     only_chain.update(6, 0)
     assert only_chain.continuation == c0
@@ -228,10 +228,17 @@ def test_a_cost_shaped_tree_keeps_only_nodes_that_pay_for_their_price():
     costs = RoundCosts(row=0.002, plane=0.2, step=0.001)
     sizes = []
     for credit in (0.0, 0.5, 3.0):
-        drafter = TreeDrafter(head, TreeConfig(width=3, beam=2, costs=costs))
+        drafter = TreeDrafter(head, TreeConfig(width=3, beam=2, costs=costs, branch_credit=True))
         drafter.continuation = credit
         nodes = drafter.nodes(inp, 9)
         sizes.append(sum(n.parent == -1 for n in nodes))
+        value = drafter.tokens_per_round / drafter.cost_per_round
+        firsts = {}
+        for i, n in enumerate(nodes):
+            firsts.setdefault(n.parent, i)
+            starts = firsts[n.parent] != i
+            price = costs.row + (costs.plane if starts else 0.0)
+            assert math.exp(n.score) * (1.0 + credit if starts else 1.0) >= price * value
     assert sizes == sorted(sizes) and sizes[0] < sizes[-1], sizes
     with pytest.raises(mtpspec.InputError, match="RoundCosts"):
         RoundCosts(row=-1.0)

@@ -14,7 +14,7 @@ path = None if sys.argv[1] == "builtin" else sys.argv[1]
 limit = None if path is None else 48
 loaded = load_target(None, "bf16")
 tgt = Target(loaded.model)
-head = resolve_head(tgt, loaded.name).head
+head = resolve_head(tgt, loaded.name, sys.argv[4] if len(sys.argv) > 4 else None).head  # argv[4]: a head dir
 prompts = load_prompts(path, limit)
 drafter = TreeDrafter(head, TreeConfig(width=4, beam=4, max_depth=6))
 rows = []

@@ -75,6 +75,18 @@ class Chain:
         return V0 + ROW * len(sel) + STEP * self.steps
 
 
+class HFSchedule(Chain):
+    """HF assisted generation's `num_assistant_tokens_schedule="heuristic"` on the head's chain:
+    k + 2 after a round that accepted every draft, k - 1 (at least 1) otherwise."""
+
+    def __init__(self, k=4, max_k=6):
+        super().__init__(k)
+        self.max_k = max_k
+
+    def feedback(self, tokens, sel, P):
+        self.k = min(self.max_k, self.k + 2) if tokens - 1 == len(sel) else max(1, self.k - 1)
+
+
 class FixedTree:
     """The fixed shape before cost shaping: the best 8 nodes at most 4 deep, off-spine nodes only
     with cumulative probability >= 0.1."""
@@ -96,12 +108,13 @@ class CostShaped:
     """`TreeDrafter.shaped_by_cost` on the collected candidates."""
 
     def __init__(self, row=ROW / V0, plane=PLANE / V0, step=TREE_STEP / V0, share=0.3, max_nodes=8, max_depth=6,
-                 beam=4, alpha=0.1, credit=True):
+                 beam=4, alpha=0.1, credit=False):
         self.c = (row, plane, step)
         self.share, self.max_nodes, self.max_depth, self.beam, self.alpha = share, max_nodes, max_depth, beam, alpha
         self.tpr, self.cpr = 2.0, 1.2
-        # A branch's first node counts the drafts its branch is expected to add after it: the
-        # running mean of accepted drafts after the first, in rounds that accepted one.
+        # credit (`branch_credit`): a branch's first node counts the drafts its branch is expected
+        # to add after it: the running mean of accepted drafts after the first, in rounds that
+        # accepted one.
         self.credit, self.continuation = credit, 0.5
 
     def __call__(self, nodes):
@@ -182,11 +195,12 @@ for b in sorted(bins):
     n, s, k = bins[b]
     print(f"| {b / 10:.1f}-{(b + 1) / 10:.1f} | {n} | {s / n:.3f} | {k / n:.3f} |")
 policies = {f"chain k = {k}": Chain(k) for k in range(1, 7)}
+policies["HF's heuristic schedule on the chain (k from 4, +2 / -1, at most 6)"] = HFSchedule()
 policies["fixed tree (8 nodes, depth 4, floor 0.1)"] = FixedTree()
 for share in (0.3, 0.5, 1.0):
     for pm in (0.7, 1.0, 1.4):
         policies[f"cost-shaped, deeper_share {share}, plane x{pm}"] = CostShaped(plane=pm * PLANE / V0, share=share)
-policies["cost-shaped, deeper_share 0.3, no continuation credit (the rule before it)"] = CostShaped(credit=False)
+policies["cost-shaped, deeper_share 0.3, plane x1.0, branch_credit"] = CostShaped(credit=True)
 policies["cost-shaped chain (no branches: plane price x1000)"] = CostShaped(plane=1000 * PLANE / V0)
 print("\n| shape | tokens / round | verify rows | planes | ms / token (model) | x plain |\n|---|---|---|---|---|---|")
 for name, pol in policies.items():

@@ -14,7 +14,9 @@ are verified as point masses (`verify.accept_speculative_tree`), which keeps the
 distribution exactly. A cost-shaped tree (`TreeConfig.costs`) instead keeps, each round, only
 the nodes whose draft probability pays for what they add to the round (a verify row, a copy of
 the cache for a new branch, a head step for a new depth), priced in tokens per unit of cost
-of the drafter's rounds so far; on this CPU it is the one that beats the head's chain.
+of the drafter's rounds so far (`branch_credit` also credits a branch's first node with the
+drafts its branch is expected to add after it). On this CPU it is the tree that beats the
+head's chain.
 
 Prompt lookup (as HF's `prompt_lookup_num_tokens`, Saxena 2023): find the last n-gram of the
 text earlier in it and propose what followed. Strong when the answer quotes the prompt
@@ -79,11 +81,15 @@ class TreeConfig:
     # to the round's cost: a row, or a plane for the first node of a new branch. Drafting goes
     # one depth deeper while the kept nodes' probability at this depth, times `deeper_share`,
     # pays for a head step the same way. Tokens per unit of cost: a running mean over the
-    # drafter's own rounds (a node pays when p / price >= tokens per unit of cost). The first
-    # node of a branch pays the plane for the whole branch, so its p counts the tokens its
-    # branch is expected to add after it: p * (1 + continuation), continuation = the running
-    # mean of the accepted drafts after the first, over rounds that accepted one.
+    # drafter's own rounds (a node pays when p / price >= tokens per unit of cost).
     costs: RoundCosts | None = None
+    # Cost-shaped trees: the first node of a branch pays the plane for the whole branch, so
+    # credit it with the drafts its branch is expected to add after it: p * (1 + continuation),
+    # continuation = the running mean of accepted drafts after the first, over rounds that
+    # accepted one. Off by default: on this CPU it bought tokens per forward (on-device 1.89 ->
+    # 1.98, Spec-Bench 1.53 -> 1.59) but cost wall time on-device (tree / chain 1.065-1.094 ->
+    # 1.041-1.043; reports/tree-shapes/); where a plane costs less, it may pay.
+    branch_credit: bool = False
     # Share of a depth's probability expected to pay at the next depth (from a sweep of
     # simulated rounds on the built-in and Spec-Bench prompts: 0.3 was best on both).
     deeper_share: float = 0.3
@@ -137,7 +143,7 @@ class TreeDrafter:
         # and what it cost in one-token forwards; their ratio prices a node.
         self.tokens_per_round = 2.0
         self.cost_per_round = 1.2
-        self.continuation = 0.5  # accepted drafts after the first, in rounds that accepted one
+        self.continuation = 0.5  # accepted drafts after the first, in rounds that accepted one (branch_credit)
         self._last: tuple[int, int, int] = (1, 1, 0)  # (verify rows, planes, head steps) of the last draft
 
     @property
@@ -184,9 +190,8 @@ class TreeDrafter:
         """At most n nodes, depth by depth, each depth's best first (parents before children).
         A node is kept when its gain >= its price * value, value = tokens per unit of cost so
         far (so the node does not lower it). A node that continues a chain (its parent's first
-        kept child): gain exp(score), price `row`. A node that starts a branch: gain
-        exp(score) * (1 + continuation), as the branch's later nodes need no plane of their
-        own; price `plane + row`. Drafting stops when no
+        kept child): gain exp(score), price `row`. A node that starts a branch: gain exp(score)
+        (times 1 + continuation with `branch_credit`), price `plane + row`. Drafting stops when no
         node of a depth was kept, or when the kept probability there times `deeper_share` is
         below `step * value`."""
         cfg = self.config
@@ -210,7 +215,7 @@ class TreeDrafter:
                 parent = frontier[r]
                 starts_branch = parent not in tails
                 price = costs.row + (costs.plane if starts_branch else 0.0)
-                gain = math.exp(score) * (1.0 + self.continuation if starts_branch else 1.0)
+                gain = math.exp(score) * (1.0 + self.continuation if starts_branch and cfg.branch_credit else 1.0)
                 if gain < price * value:
                     continue
                 kept.append(_Node(ids[r][j], parent, score))
