@@ -18,7 +18,7 @@ from mtpspec import DraftInput, HeadConfig, MTPHead, SamplingConfig, Target
 from mtpspec.config import TrainConfig
 from mtpspec.errors import DataError, InputError
 from mtpspec.training.activations import build_cache, load_cache, token_frequencies
-from mtpspec.training.train import MTPObjective, collate, train
+from mtpspec.training.train import MTPObjective, collate, round_roots, train
 
 FAST = dict(batch_size=8, lr=3e-3, warmup_steps=2, eval_every=1000, save_every=1000, bf16=False, max_draft_tokens=3)
 
@@ -76,6 +76,30 @@ def test_train_time_predictions_equal_inference_drafts(tiny_run):
         assert all(torch.allclose(a[1][:, t:], b[1], atol=1e-5) for a, b in zip(logits, part))
 
 
+def test_rounds_are_rooted_where_decoding_would_root_them():
+    """A round rooted at row t accepts accepted[t] drafts plus the target's own token, and the
+    next round is rooted right after them; rows it skips never root one."""
+    acc = [2, 9, 9, 0, 1, 9, 3, 0, 0]
+    assert round_roots(acc, [True] * 9, 0) == [0, 3, 4, 6]  # then row 10 is past the end
+    assert round_roots(acc, [True] * 5 + [False] * 4, 0) == [0, 3, 4]  # row 6 is not valid
+    assert round_roots(acc, [True] * 9, 9) == []
+    assert round_roots([0] * 5, [True] * 5, 0) == [0, 1, 2, 3, 4]  # nothing accepted: one token per forward
+
+
+def test_round_weight_adds_weight_only_where_rounds_start(tiny_run):
+    """--round-weight w: the loss grows by w times the round-start rows' own loss, and no more
+    (every row's loss is >= 0, and the walk roots at most one round per emitted token)."""
+    model, root = tiny_run
+    samples = load_cache(root / "act")[:4]
+    batch = collate(samples)
+    head = MTPHead(Target(model), HeadConfig()).float()
+    plain, n = MTPObjective(head, TrainConfig(max_draft_tokens=3, bf16=False)).loss(head, batch)
+    heavy, m = MTPObjective(head, TrainConfig(max_draft_tokens=3, bf16=False, round_weight=1.0)).loss(head, batch)
+    assert n == m and plain < heavy < 2 * plain
+    with pytest.raises(mtpspec.InputError, match="round_weight"):
+        TrainConfig(round_weight=-1.0)
+
+
 def test_head_overfits_one_batch_to_high_acceptance(tiny_run):
     model, root = tiny_run
     samples = load_cache(root / "act")[:4]
@@ -84,13 +108,15 @@ def test_head_overfits_one_batch_to_high_acceptance(tiny_run):
     obj = MTPObjective(head, cfg)
     opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
     batch = collate(samples)
-    assert obj.acceptance(samples, 4)["accept"] < 1.5
+    before = obj.acceptance(samples, 4)
+    assert before["accept"] < 1.5 and before["accept_rounds"] < 1.5
     for _ in range(200):
         loss, n = obj.loss(head, batch)
         (loss / n).backward()
         opt.step()
         opt.zero_grad()
-    assert obj.acceptance(samples, 4)["accept"] > 4.0
+    after = obj.acceptance(samples, 4)
+    assert after["accept"] > 4.0 and after["accept_rounds"] > 4.0
     # and decoding with it really accepts that much, output still exact
     seq = samples[0].ids
     prompt = seq[None, : samples[0].prompt_len]

@@ -233,6 +233,8 @@ def train(
     feature_weight: float = typer.Option(1.0, "--feature-weight", help="Weight of the EAGLE-style feature loss."),
     step_decay: float = typer.Option(1.0, "--step-decay", help="Loss weight of draft step j is step_decay**j."),
     tv_weight: float = typer.Option(0.0, "--tv-weight", help="Weight of a total-variation (acceptance-aligned) loss term."),
+    round_weight: float = typer.Option(0.0, "--round-weight", help="Extra loss weight on the rows where greedy decoding with "
+                                       "the head as it is would start a round (0 = all rows alike)."),
     micro_batch_tokens: int = typer.Option(4096, "--micro-batch-tokens", help="Run each batch in parts of at most this many "
                                            "padded tokens (gradients accumulated; bounds memory); 0 = whole batches."),
     init_head: Path = typer.Option(None, "--init-head", help="Continue training this saved head (its architecture and "
@@ -259,7 +261,8 @@ def train(
     cfg = TrainConfig(kind=kind, max_draft_tokens=max_draft_tokens, epochs=epochs, batch_size=batch_size, lr=lr,
                       warmup_steps=warmup_steps, weight_decay=weight_decay, clip=clip, bf16=bf16, holdout=holdout,
                       eval_every=eval_every, save_every=save_every, label_weight=label_weight, feature_weight=feature_weight,
-                      step_decay=step_decay, tv_weight=tv_weight, micro_batch_tokens=micro_batch_tokens,
+                      step_decay=step_decay, tv_weight=tv_weight, round_weight=round_weight,
+                      micro_batch_tokens=micro_batch_tokens,
                       draft_model_hidden=draft_model_hidden,
                       draft_model_layers=draft_model_layers, seed=seed)
     hc = HeadConfig(hidden_layers=tuple(parse_list(hidden_layers, int, "--hidden-layers")), kv_layer=kv_layer,

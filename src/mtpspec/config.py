@@ -127,6 +127,11 @@ class TrainConfig:
     # Weight of a total-variation term between the teacher's and the head's distributions
     # (1 - TV is the speculative-sampling acceptance probability), added to the KL-style loss.
     tv_weight: float = 0.0
+    # Extra loss weight on the rows where greedy decoding would start a round (the head's own
+    # teacher-forced drafts walked as `round_roots` walks them): 0 = every row alike. Rounds
+    # start right after a rejection, where the head does worst, and only those rows' drafts
+    # are ever verified (reports/transfer/).
+    round_weight: float = 0.0
     # Weight of draft step j's loss is step_decay ** j (1.0 = all steps equal). A later draft
     # only pays off when every earlier one was accepted, so the early steps matter most.
     step_decay: float = 1.0
@@ -148,6 +153,8 @@ class TrainConfig:
             raise InputError(f"micro_batch_tokens must be >= 0 (0 = whole batches), got {self.micro_batch_tokens}.")
         if self.tv_weight < 0:
             raise InputError(f"tv_weight must be >= 0, got {self.tv_weight}.")
+        if self.round_weight < 0:
+            raise InputError(f"round_weight must be >= 0, got {self.round_weight}.")
         if not 0.0 < self.step_decay <= 1.0:
             raise InputError(f"step_decay must be in (0, 1], got {self.step_decay}.")
         if self.draft_model_hidden < 1 or self.draft_model_layers < 1:

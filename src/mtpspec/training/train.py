@@ -106,9 +106,21 @@ def target_rows(batch: dict[str, torch.Tensor], offset: int) -> torch.Tensor:
     return (pos < batch["lengths"].unsqueeze(1)) & (pos >= batch["prompt_lens"].unsqueeze(1))
 
 
+def round_roots(accepted: Sequence[int], valid: Sequence[bool], start: int) -> list[int]:
+    """The rows where greedy decoding roots its rounds over one teacher-forced answer: a round
+    rooted at row t accepts accepted[t] drafts and emits one token of the target's own, so the
+    next is rooted at t + accepted[t] + 1; from `start` up to the first row not in `valid`.
+    Each round emits accepted[t] + 1 tokens."""
+    roots, t = [], start
+    while 0 <= t < len(valid) and valid[t]:
+        roots.append(t)
+        t += accepted[t] + 1
+    return roots
+
+
 def distill_loss(logits: torch.Tensor, top_logp: torch.Tensor, top_ids: torch.Tensor, labels: torch.Tensor,
                  valid: torch.Tensor, vocab_map: torch.Tensor | None, label_weight: float,
-                 tv_weight: float = 0.0) -> tuple[torch.Tensor, int]:
+                 tv_weight: float = 0.0, weights: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
     """Sum over valid rows of CE(teacher top-k, student) + label_weight * CE(label, student)
     + tv_weight * TV(teacher, student). The total-variation distance is what speculative
     sampling loses (a draft from q passes with probability 1 - TV(p, q)): a loss aligned with
@@ -116,7 +128,8 @@ def distill_loss(logits: torch.Tensor, top_logp: torch.Tensor, top_ids: torch.Te
 
     logits: (B, T, V') student. top_logp/top_ids: (B, T, k) teacher over the full vocabulary.
     vocab_map: (V,) full id -> draft index or -1 (None: identity). Teacher mass on tokens the
-    draft vocabulary lacks is dropped and the rest renormalised. Returns (sum, row count).
+    draft vocabulary lacks is dropped and the rest renormalised. weights: (B, T) per-row loss
+    weights (None: 1). Returns (sum, row count).
     """
     logp = logits[valid].float().log_softmax(-1)  # (N, V')
     t_logp, t_ids, y = top_logp[valid], top_ids[valid], labels[valid]  # (N, k), (N, k), (N,)
@@ -131,6 +144,8 @@ def distill_loss(logits: torch.Tensor, top_logp: torch.Tensor, top_ids: torch.Te
     if tv_weight:
         q = logp.gather(-1, t_ids).exp()  # (N, k) student mass on the teacher's tokens
         loss = loss + tv_weight * 0.5 * ((p - q).abs().sum(-1) + (1 - q.sum(-1)).clamp_min(0))
+    if weights is not None:
+        loss = loss * weights[valid]
     return loss.sum(), int(valid.sum())
 
 
@@ -159,6 +174,7 @@ class MTPObjective:
         ids = batch["ids"]
         D = self.head.target.hidden_size
         use_feat = self.cfg.feature_weight > 0 and self.head.config.hidden_layers[-1] == -1
+        weights = self._round_weights(logits, batch, start) if self.cfg.round_weight else None
         for j, (normed, lg) in enumerate(logits):
             # step j at row t predicts x_{t+2+j}; the teacher row is t+1+j
             valid = target_rows(batch, 2 + j)[:, start:]
@@ -167,7 +183,7 @@ class MTPObjective:
             top_ids = F.pad(batch["top_ids"][:, shift:], (0, 0, 0, shift))[:, start:]
             labels = F.pad(ids[:, 2 + j:], (0, 2 + j))[:, start:]
             s, n = distill_loss(lg, top_logp, top_ids, labels, valid, self.vocab_map, self.cfg.label_weight,
-                                self.cfg.tv_weight)
+                                self.cfg.tv_weight, weights)
             if use_feat:  # the target's final hidden at t+1+j is the state the head should reach
                 h = F.pad(batch["hidden"][:, shift:, -D:], (0, 0, 0, shift))[:, start:].float()
                 s = s + self.cfg.feature_weight * F.smooth_l1_loss(normed[valid].float(), h[valid], reduction="none").mean(-1).sum()
@@ -176,11 +192,37 @@ class MTPObjective:
         return total, rows
 
     @torch.no_grad()
+    def _round_weights(self, logits: list[tuple[torch.Tensor, torch.Tensor]], batch: dict[str, torch.Tensor],
+                       start: int) -> torch.Tensor:
+        """(B, T - start) loss weights: 1 + round_weight on the rows where greedy decoding with the
+        head as it is now would start a round (its teacher-forced drafts, walked as decoding
+        walks them), 1 elsewhere."""
+        ids = batch["ids"]
+        ok = []
+        for j, (_, lg) in enumerate(logits):
+            pred = lg.argmax(-1)  # (B, T - start)
+            if self.head.draft_ids is not None:
+                pred = self.head.draft_ids[pred]
+            ok.append(pred == F.pad(ids[:, 2 + j:], (0, 2 + j), value=-1)[:, start:])
+        accepted = torch.stack(ok, -1).long().cumprod(-1).sum(-1).tolist()  # (B, T - start)
+        valid = target_rows(batch, 2)[:, start:].tolist()  # rows whose first draft has a label
+        w = torch.ones(ids.shape[0], ids.shape[1] - start)
+        for i, pl in enumerate(batch["prompt_lens"].tolist()):
+            roots = round_roots(accepted[i], valid[i], pl - 1 - start)  # the first answer token roots the first
+            w[i, roots] += self.cfg.round_weight
+        return w
+
+    @torch.no_grad()
     def acceptance(self, samples: Sequence[Sample], batch_size: int) -> dict[str, float]:
-        """Greedy tokens per target forward on held-out samples if every row were a round:
-        1 + the number of leading steps whose draft equals the data's next token."""
+        """Greedy tokens per target forward on held-out samples, two ways. `accept`: if every
+        row were a round, 1 + the number of leading steps whose draft equals the data's next
+        token. `accept_rounds`: as decoding meets them, each answer walked round by round from
+        its first token (a round at row t accepts a drafts and the next starts at t + a + 1).
+        Rounds start right after a rejection, where the head did worst, so `accept` runs above
+        what decoding gets (reports/transfer/); `accept_rounds` is the one that ranks heads."""
         K = self.cfg.max_draft_tokens
         runs, hits = [], torch.zeros(K)
+        tokens = rounds = 0
         for b in eval_batches(samples, batch_size, self.cfg.micro_batch_tokens):
             with _autocast(self.cfg.bf16):
                 logits = self.head(b["hidden"].float(), b["ids"], b["keys"].float(), b["values"].float(), K)
@@ -191,12 +233,16 @@ class MTPObjective:
                 if self.head.draft_ids is not None:
                     pred = self.head.draft_ids[pred]
                 ok.append(pred == F.pad(b["ids"][:, 2 + j:], (0, 2 + j), value=-1))
-            ok_t = torch.stack(ok, -1)[valid]  # (N, K)
-            run = ok_t.long().cumprod(-1)  # 1 while every earlier draft matched
+            lead = torch.stack(ok, -1).long().cumprod(-1)  # (B, T, K): 1 while every earlier draft matched
+            run = lead[valid]  # (N, K)
             runs.append(run.sum(-1).float())
             hits += run.float().sum(0)
+            for acc, ok_row, pl in zip(lead.sum(-1).tolist(), valid.tolist(), b["prompt_lens"].tolist()):
+                roots = round_roots(acc, ok_row, pl - 1)  # the first round's root: the first answer token
+                tokens, rounds = tokens + sum(acc[t] + 1 for t in roots), rounds + len(roots)
         r = torch.cat(runs) if runs else torch.zeros(1)
-        return {"accept": 1.0 + float(r.mean()), **{f"pos{j + 1}": float(hits[j] / max(1, r.numel())) for j in range(K)}}
+        return {"accept": 1.0 + float(r.mean()), "accept_rounds": tokens / max(1, rounds),
+                **{f"pos{j + 1}": float(hits[j] / max(1, r.numel())) for j in range(K)}}
 
 
 class DraftModelObjective:
@@ -394,7 +440,7 @@ def train(target: Target, cache_dir: str | Path | list[str | Path], out_dir: str
             module.train()
         if main:
             bar.update(1)
-            bar.set_postfix({k: f"{v:.3f}" for k, v in rec.items() if k in ("loss", "accept", "pos1")})
+            bar.set_postfix({k: f"{v:.3f}" for k, v in rec.items() if k in ("loss", "accept", "accept_rounds", "pos1")})
             metrics_f.write(json.dumps(rec) + "\n")  # type: ignore[union-attr]
             metrics_f.flush()  # type: ignore[union-attr]
             if step % cfg.save_every == 0 or step == stop:
