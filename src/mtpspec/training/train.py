@@ -191,6 +191,18 @@ class MTPObjective:
             total, rows = total + self.cfg.step_decay ** j * s, rows + n
         return total, rows
 
+    def _leading_hits(self, logits: list[tuple[torch.Tensor, torch.Tensor]], ids: torch.Tensor,
+                      start: int = 0) -> torch.Tensor:
+        """(B, T - start, K) long: 1 at step j of row t while the head's greedy drafts of steps
+        0..j all equal the data's tokens x_{t+2}..x_{t+2+j}, else 0."""
+        ok = []
+        for j, (_, lg) in enumerate(logits):
+            pred = lg.argmax(-1)  # (B, T - start)
+            if self.head.draft_ids is not None:
+                pred = self.head.draft_ids[pred]
+            ok.append(pred == F.pad(ids[:, 2 + j:], (0, 2 + j), value=-1)[:, start:])
+        return torch.stack(ok, -1).long().cumprod(-1)
+
     @torch.no_grad()
     def _round_weights(self, logits: list[tuple[torch.Tensor, torch.Tensor]], batch: dict[str, torch.Tensor],
                        start: int) -> torch.Tensor:
@@ -198,13 +210,7 @@ class MTPObjective:
         head as it is now would start a round (its teacher-forced drafts, walked as decoding
         walks them), 1 elsewhere."""
         ids = batch["ids"]
-        ok = []
-        for j, (_, lg) in enumerate(logits):
-            pred = lg.argmax(-1)  # (B, T - start)
-            if self.head.draft_ids is not None:
-                pred = self.head.draft_ids[pred]
-            ok.append(pred == F.pad(ids[:, 2 + j:], (0, 2 + j), value=-1)[:, start:])
-        accepted = torch.stack(ok, -1).long().cumprod(-1).sum(-1).tolist()  # (B, T - start)
+        accepted = self._leading_hits(logits, ids, start).sum(-1).tolist()  # (B, T - start)
         valid = target_rows(batch, 2)[:, start:].tolist()  # rows whose first draft has a label
         w = torch.ones(ids.shape[0], ids.shape[1] - start)
         for i, pl in enumerate(batch["prompt_lens"].tolist()):
@@ -227,13 +233,7 @@ class MTPObjective:
             with _autocast(self.cfg.bf16):
                 logits = self.head(b["hidden"].float(), b["ids"], b["keys"].float(), b["values"].float(), K)
             valid = target_rows(b, 1 + K)  # all K steps have a label
-            ok = []
-            for j, (_, lg) in enumerate(logits):
-                pred = lg.argmax(-1)
-                if self.head.draft_ids is not None:
-                    pred = self.head.draft_ids[pred]
-                ok.append(pred == F.pad(b["ids"][:, 2 + j:], (0, 2 + j), value=-1))
-            lead = torch.stack(ok, -1).long().cumprod(-1)  # (B, T, K): 1 while every earlier draft matched
+            lead = self._leading_hits(logits, b["ids"])  # (B, T, K): 1 while every earlier draft matched
             run = lead[valid]  # (N, K)
             runs.append(run.sum(-1).float())
             hits += run.float().sum(0)
