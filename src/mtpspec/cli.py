@@ -235,6 +235,8 @@ def train(
     tv_weight: float = typer.Option(0.0, "--tv-weight", help="Weight of a total-variation (acceptance-aligned) loss term."),
     round_weight: float = typer.Option(0.0, "--round-weight", help="Extra loss weight on the rows where greedy decoding with "
                                        "the head as it is would start a round (0 = all rows alike)."),
+    copy_context: bool = typer.Option(False, "--copy-context/--no-copy-context", help="Also score each row's context tokens "
+                                      "outside the draft vocabulary, as drafting does (copied names, numbers, rare words)."),
     micro_batch_tokens: int = typer.Option(4096, "--micro-batch-tokens", help="Run each batch in parts of at most this many "
                                            "padded tokens (gradients accumulated; bounds memory); 0 = whole batches."),
     init_head: Path = typer.Option(None, "--init-head", help="Continue training this saved head (its architecture and "
@@ -261,7 +263,7 @@ def train(
     cfg = TrainConfig(kind=kind, max_draft_tokens=max_draft_tokens, epochs=epochs, batch_size=batch_size, lr=lr,
                       warmup_steps=warmup_steps, weight_decay=weight_decay, clip=clip, bf16=bf16, holdout=holdout,
                       eval_every=eval_every, save_every=save_every, label_weight=label_weight, feature_weight=feature_weight,
-                      step_decay=step_decay, tv_weight=tv_weight, round_weight=round_weight,
+                      step_decay=step_decay, tv_weight=tv_weight, round_weight=round_weight, copy_context=copy_context,
                       micro_batch_tokens=micro_batch_tokens,
                       draft_model_hidden=draft_model_hidden,
                       draft_model_layers=draft_model_layers, seed=seed)

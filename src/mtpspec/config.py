@@ -132,6 +132,11 @@ class TrainConfig:
     # start right after a rejection, where the head does worst, and only those rows' drafts
     # are ever verified (reports/transfer/).
     round_weight: float = 0.0
+    # Score each row's context tokens outside the reduced draft vocabulary too, as drafting does
+    # (`MTPHead.copy_context`): the tokens of the prompt and answer up to the round's root join
+    # that row's vocabulary. Without it, training never scores a copied rare word (and teaches
+    # the head the teacher's best in-vocabulary token there instead).
+    copy_context: bool = False
     # Weight of draft step j's loss is step_decay ** j (1.0 = all steps equal). A later draft
     # only pays off when every earlier one was accepted, so the early steps matter most.
     step_decay: float = 1.0

@@ -283,7 +283,7 @@ class MTPHead(nn.Module):
         return hidden if self.fuse is None else lin(self.fuse, hidden)
 
     def forward(self, hidden: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                num_steps: int, start: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                num_steps: int, start: int = 0, extra: torch.Tensor | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Training-time unroll over a whole sequence, exactly as drafting runs it.
 
         Row t stands for "the last verified position is t": the state starts at the target's
@@ -292,6 +292,8 @@ class MTPHead(nn.Module):
         drafts). Returns, per step, (the state after the target's final norm (B, R, D), logits
         (B, R, V')), R = T - start; row t - start of step j predicts x_{t+2+j} and is valid for
         t + 2 + j < T. The normed state estimates the target's own final hidden at t+1+j.
+        `extra` (E, D): LM-head rows scored after the draft vocabulary's, as `round_vocab` adds
+        the context's tokens when drafting (logits (B, R, V' + E)).
         """
         B, T, _ = hidden.shape
         state = self.initial_state(hidden[:, start:])  # (B, R, D), R = T - start rows
@@ -305,7 +307,7 @@ class MTPHead(nn.Module):
             cos, sin = self.rope(base + 1 + j, state)
             state = self.step(state, tok, cos, sin, keys, values, mask)
             normed = self.target.final_norm(state)
-            out.append((normed, self.project(normed)))
+            out.append((normed, self.project(normed, extra)))
         return out
 
     @property

@@ -23,7 +23,7 @@ import math
 import os
 import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -135,14 +135,17 @@ def distill_loss(logits: torch.Tensor, top_logp: torch.Tensor, top_ids: torch.Te
     t_logp, t_ids, y = top_logp[valid], top_ids[valid], labels[valid]  # (N, k), (N, k), (N,)
     if vocab_map is not None:
         t_ids, y = vocab_map[t_ids], vocab_map[y]
-        t_logp = t_logp.masked_fill(t_ids < 0, -1e4)
-        t_ids = t_ids.clamp_min(0)
-    p = t_logp.softmax(-1)  # (N, k) renormalised teacher
-    soft = -(p * logp.gather(-1, t_ids)).sum(-1)  # (N,)
-    hard = F.nll_loss(logp, y.clamp_min(0), reduction="none") * (y >= 0)
+    lp = logp.gather(-1, t_ids.clamp_min(0))  # (N, k) student log-probs of the teacher's tokens
+    # a teacher token outside this row's vocabulary (-1 in vocab_map, or a masked copy token: -inf)
+    ok = (t_ids >= 0) & torch.isfinite(lp)
+    p = t_logp.masked_fill(~ok, -1e4).softmax(-1)  # (N, k) renormalised teacher
+    lp = lp.masked_fill(~ok, 0.0)
+    soft = -(p * lp).sum(-1)  # (N,)
+    ly = logp.gather(-1, y.clamp_min(0).unsqueeze(-1)).squeeze(-1)  # (N,)
+    hard = -ly.masked_fill((y < 0) | ~torch.isfinite(ly), 0.0)
     loss = soft + label_weight * hard
     if tv_weight:
-        q = logp.gather(-1, t_ids).exp()  # (N, k) student mass on the teacher's tokens
+        q = lp.exp() * ok  # (N, k) student mass on the teacher's tokens
         loss = loss + tv_weight * 0.5 * ((p - q).abs().sum(-1) + (1 - q.sum(-1)).clamp_min(0))
     if weights is not None:
         loss = loss * weights[valid]
@@ -168,13 +171,14 @@ class MTPObjective:
         dt = torch.float32
         # rows before start predict only prompt tokens: skip them (about 40% of the compute)
         start = max(0, int(batch["prompt_lens"].min()) - 2)
-        logits = model(batch["hidden"].to(dt), batch["ids"], batch["keys"].to(dt), batch["values"].to(dt),
-                       self.cfg.max_draft_tokens, start)
+        vocab = self.batch_vocab(batch, start)
+        logits = vocab.mask(model(batch["hidden"].to(dt), batch["ids"], batch["keys"].to(dt), batch["values"].to(dt),
+                                  self.cfg.max_draft_tokens, start, vocab.extra_rows))
         total, rows = torch.zeros(()), 0
         ids = batch["ids"]
         D = self.head.target.hidden_size
         use_feat = self.cfg.feature_weight > 0 and self.head.config.hidden_layers[-1] == -1
-        weights = self._round_weights(logits, batch, start) if self.cfg.round_weight else None
+        weights = self._round_weights(logits, batch, start, vocab.ids) if self.cfg.round_weight else None
         for j, (normed, lg) in enumerate(logits):
             # step j at row t predicts x_{t+2+j}; the teacher row is t+1+j
             valid = target_rows(batch, 2 + j)[:, start:]
@@ -182,7 +186,7 @@ class MTPObjective:
             top_logp = F.pad(batch["top_logp"][:, shift:], (0, 0, 0, shift), value=-1e4)[:, start:]
             top_ids = F.pad(batch["top_ids"][:, shift:], (0, 0, 0, shift))[:, start:]
             labels = F.pad(ids[:, 2 + j:], (0, 2 + j))[:, start:]
-            s, n = distill_loss(lg, top_logp, top_ids, labels, valid, self.vocab_map, self.cfg.label_weight,
+            s, n = distill_loss(lg, top_logp, top_ids, labels, valid, vocab.map, self.cfg.label_weight,
                                 self.cfg.tv_weight, weights)
             if use_feat:  # the target's final hidden at t+1+j is the state the head should reach
                 h = F.pad(batch["hidden"][:, shift:, -D:], (0, 0, 0, shift))[:, start:].float()
@@ -191,26 +195,53 @@ class MTPObjective:
             total, rows = total + self.cfg.step_decay ** j * s, rows + n
         return total, rows
 
+    def batch_vocab(self, batch: dict[str, torch.Tensor], start: int) -> BatchVocab:
+        """The vocabulary the head scores on this batch: its draft vocabulary, plus (with
+        `copy_context`) every token of the batch outside it, each available to a row only once
+        the row's context (x_0..x_{t+1}, what drafting at root t sees) holds it."""
+        if self.head.draft_ids is None or not self.cfg.copy_context:
+            return BatchVocab(self.head.draft_ids, self.vocab_map)
+        ids, lengths = batch["ids"], batch["lengths"]
+        B, T = ids.shape
+        pos = torch.arange(T)
+        real = pos.unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
+        seen = torch.zeros(self.head.target.vocab_size, dtype=torch.bool)
+        seen[ids[real]] = True
+        seen[self.head.draft_ids] = False
+        extra = seen.nonzero()[:, 0]  # (E,)
+        if extra.numel() == 0:
+            return BatchVocab(self.head.draft_ids, self.vocab_map)
+        hit = (ids.unsqueeze(-1) == extra) & real.unsqueeze(-1)  # (B, T, E)
+        first = torch.where(hit, pos.view(1, T, 1), T).amin(1)  # (B, E): first position, T if absent
+        rows = torch.arange(start, T)  # (R,) root positions t
+        available = first.unsqueeze(1) <= rows.view(1, -1, 1) + 1  # (B, R, E)
+        m = self.vocab_map.clone()
+        V = self.head.draft_ids.numel()
+        m[extra] = torch.arange(V, V + extra.numel())
+        w = self.head.target.lm_head.weight[extra].detach()  # (E, D)
+        return BatchVocab(torch.cat([self.head.draft_ids, extra]), m, w, available)
+
     def _leading_hits(self, logits: list[tuple[torch.Tensor, torch.Tensor]], ids: torch.Tensor,
-                      start: int = 0) -> torch.Tensor:
+                      start: int = 0, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T - start, K) long: 1 at step j of row t while the head's greedy drafts of steps
-        0..j all equal the data's tokens x_{t+2}..x_{t+2+j}, else 0."""
+        0..j all equal the data's tokens x_{t+2}..x_{t+2+j}, else 0. vocab_ids: the full id of
+        each logit column (None: the full vocabulary)."""
         ok = []
         for j, (_, lg) in enumerate(logits):
             pred = lg.argmax(-1)  # (B, T - start)
-            if self.head.draft_ids is not None:
-                pred = self.head.draft_ids[pred]
+            if vocab_ids is not None:
+                pred = vocab_ids[pred]
             ok.append(pred == F.pad(ids[:, 2 + j:], (0, 2 + j), value=-1)[:, start:])
         return torch.stack(ok, -1).long().cumprod(-1)
 
     @torch.no_grad()
     def _round_weights(self, logits: list[tuple[torch.Tensor, torch.Tensor]], batch: dict[str, torch.Tensor],
-                       start: int) -> torch.Tensor:
+                       start: int, vocab_ids: torch.Tensor | None) -> torch.Tensor:
         """(B, T - start) loss weights: 1 + round_weight on the rows where greedy decoding with the
         head as it is now would start a round (its teacher-forced drafts, walked as decoding
         walks them), 1 elsewhere."""
         ids = batch["ids"]
-        accepted = self._leading_hits(logits, ids, start).sum(-1).tolist()  # (B, T - start)
+        accepted = self._leading_hits(logits, ids, start, vocab_ids).sum(-1).tolist()  # (B, T - start)
         valid = target_rows(batch, 2)[:, start:].tolist()  # rows whose first draft has a label
         w = torch.ones(ids.shape[0], ids.shape[1] - start)
         for i, pl in enumerate(batch["prompt_lens"].tolist()):
@@ -225,15 +256,18 @@ class MTPObjective:
         token. `accept_rounds`: as decoding meets them, each answer walked round by round from
         its first token (a round at row t accepts a drafts and the next starts at t + a + 1).
         Rounds start right after a rejection, where the head did worst, so `accept` runs above
-        what decoding gets (reports/transfer/); `accept_rounds` is the one that ranks heads."""
+        what decoding gets (reports/transfer/); `accept_rounds` is the one that ranks heads.
+        The head scores the vocabulary it trains on (`copy_context` adds the context's tokens)."""
         K = self.cfg.max_draft_tokens
         runs, hits = [], torch.zeros(K)
         tokens = rounds = 0
         for b in eval_batches(samples, batch_size, self.cfg.micro_batch_tokens):
+            vocab = self.batch_vocab(b, 0)
             with _autocast(self.cfg.bf16):
-                logits = self.head(b["hidden"].float(), b["ids"], b["keys"].float(), b["values"].float(), K)
+                logits = vocab.mask(self.head(b["hidden"].float(), b["ids"], b["keys"].float(), b["values"].float(), K,
+                                              0, vocab.extra_rows))
             valid = target_rows(b, 1 + K)  # all K steps have a label
-            lead = self._leading_hits(logits, b["ids"])  # (B, T, K): 1 while every earlier draft matched
+            lead = self._leading_hits(logits, b["ids"], 0, vocab.ids)  # (B, T, K): 1 while every earlier draft matched
             run = lead[valid]  # (N, K)
             runs.append(run.sum(-1).float())
             hits += run.float().sum(0)
@@ -243,6 +277,27 @@ class MTPObjective:
         r = torch.cat(runs) if runs else torch.zeros(1)
         return {"accept": 1.0 + float(r.mean()), "accept_rounds": tokens / max(1, rounds),
                 **{f"pos{j + 1}": float(hits[j] / max(1, r.numel())) for j in range(K)}}
+
+
+@dataclass(frozen=True)
+class BatchVocab:
+    """What the head's logit columns mean on one batch: ids (V'',) the full id of each column
+    (None: the whole vocabulary), map (V,) full id -> column or -1 (None: identity), extra_rows
+    (E, D) the LM-head rows scored after the draft vocabulary's, available (B, R, E) whether row
+    r may draft extra token e yet (None: every column always)."""
+
+    ids: torch.Tensor | None
+    map: torch.Tensor | None
+    extra_rows: torch.Tensor | None = None
+    available: torch.Tensor | None = None
+
+    def mask(self, logits: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each step's logits with the extra columns a row may not draft yet at -inf."""
+        if self.available is None:
+            return logits
+        E = self.available.shape[-1]
+        return [(n, torch.cat([lg[..., :-E], lg[..., -E:].masked_fill(~self.available, float("-inf"))], -1))
+                for n, lg in logits]
 
 
 class DraftModelObjective:
