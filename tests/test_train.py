@@ -218,6 +218,10 @@ def test_resume_with_other_settings_is_refused(tiny_run, tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         train(Target(model), root / "act", tmp_path / "new", TrainConfig(epochs=1, **FAST), resume=True,
               progress=False)
+    # smaller parts of the same batches (after running out of memory) are the same settings
+    r = train(Target(model), root / "act", tmp_path, TrainConfig(epochs=1, **{**FAST, "save_every": 1,
+              "micro_batch_tokens": 64}), max_steps=2, resume=True, progress=False)
+    assert r["step"] == 2
 
 
 def _free_port() -> int:
@@ -278,6 +282,10 @@ def test_activation_cache_resumes_and_checks_settings(tiny_run, tmp_path):
     build_cache(Target(model), root / "data", act, (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
     a, b = load_cache(act), load_cache(root / "act")
     assert len(a) == len(b) and all(torch.equal(x.top_ids, y.top_ids) for x, y in zip(a, b))
+    # a complete cache of the same data is left as it is (the target does not run again)
+    stamps = {p.name: p.stat().st_mtime_ns for p in act.glob("act_*.safetensors")}
+    build_cache(Target(model), root / "data", act, (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in act.glob("act_*.safetensors")} == stamps
     with pytest.raises(DataError, match="other settings"):
         build_cache(Target(model), root / "data", act, (-1,), -1, teacher_topk=4, per_shard=10, progress=False)
 

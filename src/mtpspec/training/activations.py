@@ -71,8 +71,8 @@ def build_cache(target: Target, data_dir: str | Path, cache_dir: str | Path, hid
         # The data set may have grown since (more shards from `mtpspec data`): its samples come in
         # the same order, so every full shard stays valid and only the rest is computed.
         done = min(old["num_shards"], old.get("num_samples", 0) // per_shard, len(samples) // per_shard)
-        if old["num_shards"] < old["total_shards"] and old.get("num_samples") == len(samples):
-            done = old["num_shards"]  # an interrupted build of the same data: resume it
+        if old.get("num_samples") == len(samples):
+            done = old["num_shards"]  # the same data: resume an interrupted build, or nothing to do
     bar = tqdm(total=n_shards, initial=done, desc="caching target activations", unit="shard", disable=not progress)
     for s in range(done, n_shards):
         tensors: dict[str, torch.Tensor] = {}

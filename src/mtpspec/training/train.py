@@ -444,8 +444,11 @@ def train(target: Target, cache_dir: str | Path | list[str | Path], out_dir: str
     ckpt = out / CHECKPOINT
     if resume and ckpt.is_file():
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
-        if state["train_config"] != asdict(cfg):
-            raise InputError(f"{ckpt} was written with other training settings; resume with the same flags.")
+        # micro_batch_tokens only bounds memory (the same sums, in parts): a run killed for memory
+        # may resume in smaller parts
+        if {**state["train_config"], "micro_batch_tokens": 0} != {**asdict(cfg), "micro_batch_tokens": 0}:
+            raise InputError(f"{ckpt} was written with other training settings; resume with the same flags "
+                             "(--micro-batch-tokens may differ).")
         module.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         sched.load_state_dict(state["sched"])
