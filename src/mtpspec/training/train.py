@@ -205,21 +205,18 @@ class MTPObjective:
         B, T = ids.shape
         pos = torch.arange(T)
         real = pos.unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
-        seen = torch.zeros(self.head.target.vocab_size, dtype=torch.bool)
-        seen[ids[real]] = True
-        seen[self.head.draft_ids] = False
-        extra = seen.nonzero()[:, 0]  # (E,)
-        if extra.numel() == 0:
+        all_ids, w = self.head.round_vocab(ids[real])  # drafting's own rule: the draft vocabulary, then the rest
+        if w is None:
             return BatchVocab(self.head.draft_ids, self.vocab_map)
+        V = self.head.draft_ids.numel()
+        extra = all_ids[V:]  # (E,)
         hit = (ids.unsqueeze(-1) == extra) & real.unsqueeze(-1)  # (B, T, E)
         first = torch.where(hit, pos.view(1, T, 1), T).amin(1)  # (B, E): first position, T if absent
         rows = torch.arange(start, T)  # (R,) root positions t
         available = first.unsqueeze(1) <= rows.view(1, -1, 1) + 1  # (B, R, E)
         m = self.vocab_map.clone()
-        V = self.head.draft_ids.numel()
         m[extra] = torch.arange(V, V + extra.numel())
-        w = self.head.target.lm_head.weight[extra].detach()  # (E, D)
-        return BatchVocab(torch.cat([self.head.draft_ids, extra]), m, w, available)
+        return BatchVocab(all_ids, m, w, available)
 
     def _leading_hits(self, logits: list[tuple[torch.Tensor, torch.Tensor]], ids: torch.Tensor,
                       start: int = 0, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
