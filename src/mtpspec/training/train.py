@@ -17,6 +17,7 @@ row count, so N processes follow the same curve as one.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import math
@@ -379,12 +380,23 @@ def epoch_batches(n: int, cfg: TrainConfig, epoch: int) -> list[list[int]]:
 
 
 def init_distributed() -> tuple[int, int]:
-    """(rank, world size); joins the process group when launched by torchrun."""
+    """(rank, world size); joins the process group when launched by torchrun.
+
+    The group is left again at interpreter exit: a gloo group still alive when Python shuts
+    down can abort the process ("terminate called without an active exception", SIGABRT)
+    after all its work is done, and torchrun then reports the whole run as failed.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(_leave_process_group)
     return rank, world
+
+
+def _leave_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def train(target: Target, cache_dir: str | Path | list[str | Path], out_dir: str | Path, cfg: TrainConfig,
