@@ -236,3 +236,55 @@ def test_requests_over_real_passages_resume_exactly(tiny, tmp_path):
     (tmp_path / "p.txt").write_text(passage + " w11")  # other passages: not the same run
     with pytest.raises(DataError, match="other settings"):
         generate_data(model, tok, tmp_path / "two", DataConfig(num_samples=8, **cfg), progress=False, passages=src)
+
+
+def test_grouped_decode_attention_equals_sdpa_on_a_left_padded_batch(tiny, monkeypatch):
+    """The data writer's decode attention computes what HF's "sdpa" computes (fp32: to
+    rounding), padding, grouped heads and the KV cache included; prefill is "sdpa" itself."""
+    from mtpspec.training import decode_attention
+    from mtpspec.training.decode_attention import NAME, attention_implementation
+
+    calls = []
+    kernel = decode_attention.attention
+    monkeypatch.setattr(decode_attention, "attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    model, _ = tiny
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 90, (3, 7), generator=g)
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[0, :3] = 0  # left padding
+    mask[1, :1] = 0
+
+    def steps() -> list[torch.Tensor]:
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        cache, m, logits = out.past_key_values, mask, [out.logits[:, -1]]
+        for _ in range(3):  # one-token decode steps: the fast path
+            nxt = logits[-1].argmax(-1, keepdim=True)
+            m = torch.cat([m, torch.ones(3, 1, dtype=torch.long)], 1)
+            out = model(input_ids=nxt, attention_mask=m, cache=cache, use_cache=True)
+            cache = out.past_key_values
+            logits.append(out.logits[:, -1])
+        return logits
+
+    with torch.no_grad():
+        ref = steps()
+        before = model.config._attn_implementation
+        with attention_implementation(model, NAME):
+            assert model.config._attn_implementation == NAME
+            fast = steps()
+        assert len(calls) == 3 * model.config.num_hidden_layers  # every decode step took the fast path
+        assert model.config._attn_implementation == before  # the caller's model is given back as it was
+    assert model.config.num_attention_heads != model.config.num_key_value_heads  # grouped heads are exercised
+    for a, b in zip(ref, fast):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_set_written_before_the_attention_setting_is_extended_as_written(tiny, tmp_path):
+    model, tok = tiny
+    d = tmp_path / "old"
+    generate_data(model, tok, d, DataConfig(num_samples=3, **CFG), progress=False)
+    m = json.loads((d / "manifest.json").read_text())
+    assert m["settings"].pop("attention") == "mtpspec_grouped_decode"
+    (d / "manifest.json").write_text(json.dumps(m))  # as an older mtpspec wrote it
+    generate_data(model, tok, d, DataConfig(num_samples=6, **CFG), progress=False)
+    assert "attention" not in json.loads((d / "manifest.json").read_text())["settings"]
+    assert len(load_samples(d)) >= 6
