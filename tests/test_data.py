@@ -241,12 +241,12 @@ def test_requests_over_real_passages_resume_exactly(tiny, tmp_path):
 def test_grouped_decode_attention_equals_sdpa_on_a_left_padded_batch(tiny, monkeypatch):
     """The data writer's decode attention computes what HF's "sdpa" computes (fp32: to
     rounding), padding, grouped heads and the KV cache included; prefill is "sdpa" itself."""
-    from mtpspec.training import decode_attention
-    from mtpspec.training.decode_attention import NAME, attention_implementation
+    from mtpspec.training import fast_generate
+    from mtpspec.training.fast_generate import NAME, attention_implementation
 
     calls = []
-    kernel = decode_attention.attention
-    monkeypatch.setattr(decode_attention, "attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    kernel = fast_generate.attention
+    monkeypatch.setattr(fast_generate, "attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     model, _ = tiny
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, 90, (3, 7), generator=g)
@@ -278,13 +278,33 @@ def test_grouped_decode_attention_equals_sdpa_on_a_left_padded_batch(tiny, monke
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_a_set_written_before_the_attention_setting_is_extended_as_written(tiny, tmp_path):
+def test_nucleus_sampler_draws_from_hf_top_p_distribution():
+    """The data writer's sampler draws what HF's temperature + top-p would, also where the
+    nucleus is wider than its candidates (those rows take the full sort)."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    from mtpspec.training.fast_generate import NucleusSampler
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(6, 40, generator=g) * torch.tensor([0.5, 1.0, 2.0, 4.0, 8.0, 0.05])[:, None]
+    want = TopPLogitsWarper(0.9)(None, scores / 0.7).softmax(-1)  # (6, 40): HF's nucleus distribution
+    assert int((want[5] > 0).sum()) > 5  # the flat row's nucleus spills past k = 5
+    n = 4000
+    torch.manual_seed(1)
+    out = NucleusSampler(0.7, 0.9, k=5)(None, scores.repeat(n, 1))  # (6n, 40)
+    assert torch.equal((out == 0).sum(-1), torch.ones(6 * n, dtype=torch.long))  # one token per row
+    freq = (out == 0).float().view(n, 6, 40).mean(0)  # (6, 40)
+    assert torch.all(freq[want == 0] == 0)  # nothing outside the nucleus
+    assert (freq - want).abs().max() < 0.03  # 4,000 draws per row: a few standard errors
+
+
+def test_a_set_written_before_the_generation_setting_is_extended_as_written(tiny, tmp_path):
     model, tok = tiny
     d = tmp_path / "old"
     generate_data(model, tok, d, DataConfig(num_samples=3, **CFG), progress=False)
     m = json.loads((d / "manifest.json").read_text())
-    assert m["settings"].pop("attention") == "mtpspec_grouped_decode"
+    assert m["settings"].pop("generation")["attention"] == "mtpspec_grouped_decode"
     (d / "manifest.json").write_text(json.dumps(m))  # as an older mtpspec wrote it
     generate_data(model, tok, d, DataConfig(num_samples=6, **CFG), progress=False)
-    assert "attention" not in json.loads((d / "manifest.json").read_text())["settings"]
+    assert "generation" not in json.loads((d / "manifest.json").read_text())["settings"]
     assert len(load_samples(d)) >= 6

@@ -37,15 +37,16 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
+from transformers import LogitsProcessorList
 
 from ..core.target import Target
 from ..errors import DataError, InputError
-from .decode_attention import NAME as ATTENTION
-from .decode_attention import attention_implementation
+from .fast_generate import GENERATION, NAME, NucleusSampler, attention_implementation
 from .shards import read_manifest, save_manifest, shard_path, write_shard
 from .tasks import DOCUMENT_OPENERS, FOLLOW_UPS, TASK_OPENERS, is_repetitive, request_over
 
 RECIPES = ("auto", "chat", "continuation")
+TOP_P = 0.95  # nucleus of the sampled stages (self-written prompts and passages)
 # Openers of the target's own text for the continuation recipe ("" = from the BOS token alone).
 CONTINUATION_OPENERS = ["", "The", "In", "A", "I", "When", "def ", "import ", "# ", "Dear", "Q:", "1."]
 
@@ -213,8 +214,9 @@ def _chat_prefix(tokenizer: Any, opener: str) -> str:
 class _Writer:
     """Batched generation over token-id rows, for one data run (model, tokenizer, stop ids)."""
 
-    def __init__(self, model: Any, tokenizer: Any, cfg: DataConfig, stop_ids: list[int]):
+    def __init__(self, model: Any, tokenizer: Any, cfg: DataConfig, stop_ids: list[int], fast: bool = True):
         self.model, self.tok, self.cfg, self.stop_ids = model, tokenizer, cfg, stop_ids
+        self.fast = fast  # sample with `NucleusSampler` (else HF's own top-p)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else stop_ids[0]
 
@@ -237,9 +239,11 @@ class _Writer:
         width = max(len(r) for r in rows)
         ids = torch.tensor([[self.pad_id] * (width - len(r)) + r for r in rows])
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-        kw: dict[str, Any] = {"do_sample": temperature > 0}
-        if temperature > 0:
-            kw.update(temperature=temperature, top_p=0.95, top_k=0)
+        kw: dict[str, Any] = {"do_sample": temperature > 0 and not self.fast}
+        if temperature > 0 and self.fast:
+            kw["logits_processor"] = LogitsProcessorList([NucleusSampler(temperature, TOP_P)])
+        elif temperature > 0:
+            kw.update(temperature=temperature, top_p=TOP_P, top_k=0)
         with torch.no_grad():
             out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new,
                                       eos_token_id=self.stop_ids, pad_token_id=self.pad_id, **kw)
@@ -383,10 +387,10 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     missing or malformed prompts file or corpus, out_dir holding other data) is refused before
     out_dir is created, so a failed start leaves nothing behind. The model's dtype is part of
     the settings: bf16 batched generation is several times faster than fp32 on CPUs with
-    avx512_bf16, and its rare argmax flips hardly matter for training. Decode steps attend with
-    `decode_attention` (grouped matmuls, several times faster than HF's fused CPU kernel for
-    one new token per row); the manifest records it, and a set started before it existed is
-    extended with the model's own attention, as it was written."""
+    avx512_bf16, and its rare argmax flips hardly matter for training. Generation runs through
+    `fast_generate` (nucleus sampling from the top candidates, grouped decode attention); the
+    manifest records it, and a set started before it existed is extended with HF's own
+    generation, as it was written."""
     out = Path(out_dir)
     recipe = resolve_recipe(cfg.recipe, tokenizer)
     if out.exists() and not out.is_dir():
@@ -407,19 +411,19 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     if real:  # the passages themselves, not only their path: other files there must not resume this run
         digest = hashlib.sha1("\0".join(t for _, t in real).encode()).hexdigest()[:16]
         settings["passages"] = {"paths": [str(p) for p in passages or []], "count": len(real), "sha1": digest}
-    settings["attention"] = ATTENTION
+    settings["generation"] = GENERATION
     manifest = _load_manifest(out, target, settings)
     out.mkdir(parents=True, exist_ok=True)
-    # None: a set started before the grouped decode attention, extended as it was written
-    kernel = manifest["settings"].get("attention")
-    with attention_implementation(model, kernel) if kernel else contextlib.nullcontext():
-        return _write(model, tokenizer, out, cfg, recipe, extra, real, manifest, progress)
+    # None: a set started before `fast_generate`, extended with HF's own generation, as it was written
+    fast = manifest["settings"].get("generation") is not None
+    with attention_implementation(model, NAME) if fast else contextlib.nullcontext():
+        return _write(model, tokenizer, out, cfg, recipe, extra, real, manifest, progress, fast)
 
 
 def _write(model: Any, tokenizer: Any, out: Path, cfg: DataConfig, recipe: str, extra: list[str],
-           real: list[tuple[str, str]], manifest: dict[str, Any], progress: bool) -> dict[str, Any]:
+           real: list[tuple[str, str]], manifest: dict[str, Any], progress: bool, fast: bool) -> dict[str, Any]:
     """The batch loop of `generate_data`, from the manifest's resume point."""
-    writer = _Writer(model, tokenizer, cfg, stop_token_ids(model, tokenizer))
+    writer = _Writer(model, tokenizer, cfg, stop_token_ids(model, tokenizer), fast)
     done = manifest["num_samples"]
     stream = _prompt_stream(cfg, recipe, extra, real)
     for _ in range(manifest["prompts_consumed"]):  # replay the deterministic stream
@@ -468,8 +472,8 @@ def _load_manifest(out: Path, target: Target, settings: dict[str, Any]) -> dict[
         m = read_manifest(out)
         if m["target"] != ident:
             raise DataError(f"{out} holds data from a different target ({m['target']}); use another --out.")
-        if "attention" not in m["settings"]:  # written before the setting existed: extended as it was
-            settings = {k: v for k, v in settings.items() if k != "attention"}
+        if "generation" not in m["settings"]:  # written before the setting existed: extended as it was
+            settings = {k: v for k, v in settings.items() if k != "generation"}
         if m["settings"] != settings:
             raise DataError(f"{out} was written with other settings ({m['settings']}); use the same "
                             "flags to resume, or another --out for new data.")
