@@ -238,66 +238,6 @@ def test_requests_over_real_passages_resume_exactly(tiny, tmp_path):
         generate_data(model, tok, tmp_path / "two", DataConfig(num_samples=8, **cfg), progress=False, passages=src)
 
 
-def test_grouped_decode_attention_equals_sdpa_on_a_left_padded_batch(tiny, monkeypatch):
-    """The data writer's decode attention computes what HF's "sdpa" computes (fp32: to
-    rounding), padding, grouped heads and the KV cache included; prefill is "sdpa" itself."""
-    from mtpspec.training import fast_generate
-    from mtpspec.training.fast_generate import NAME, attention_implementation
-
-    calls = []
-    kernel = fast_generate.attention
-    monkeypatch.setattr(fast_generate, "attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
-    model, _ = tiny
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, 90, (3, 7), generator=g)
-    mask = torch.ones(3, 7, dtype=torch.long)
-    mask[0, :3] = 0  # left padding
-    mask[1, :1] = 0
-
-    def steps() -> list[torch.Tensor]:
-        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
-        cache, m, logits = out.past_key_values, mask, [out.logits[:, -1]]
-        for _ in range(3):  # one-token decode steps: the fast path
-            nxt = logits[-1].argmax(-1, keepdim=True)
-            m = torch.cat([m, torch.ones(3, 1, dtype=torch.long)], 1)
-            out = model(input_ids=nxt, attention_mask=m, cache=cache, use_cache=True)
-            cache = out.past_key_values
-            logits.append(out.logits[:, -1])
-        return logits
-
-    with torch.no_grad():
-        ref = steps()
-        before = model.config._attn_implementation
-        with attention_implementation(model, NAME):
-            assert model.config._attn_implementation == NAME
-            fast = steps()
-        assert len(calls) == 3 * model.config.num_hidden_layers  # every decode step took the fast path
-        assert model.config._attn_implementation == before  # the caller's model is given back as it was
-    assert model.config.num_attention_heads != model.config.num_key_value_heads  # grouped heads are exercised
-    for a, b in zip(ref, fast):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-
-
-def test_nucleus_sampler_draws_from_hf_top_p_distribution():
-    """The data writer's sampler draws what HF's temperature + top-p would, also where the
-    nucleus is wider than its candidates (those rows take the full sort)."""
-    from transformers.generation.logits_process import TopPLogitsWarper
-
-    from mtpspec.training.fast_generate import NucleusSampler
-
-    g = torch.Generator().manual_seed(0)
-    scores = torch.randn(6, 40, generator=g) * torch.tensor([0.5, 1.0, 2.0, 4.0, 8.0, 0.05])[:, None]
-    want = TopPLogitsWarper(0.9)(None, scores / 0.7).softmax(-1)  # (6, 40): HF's nucleus distribution
-    assert int((want[5] > 0).sum()) > 5  # the flat row's nucleus spills past k = 5
-    n = 4000
-    torch.manual_seed(1)
-    out = NucleusSampler(0.7, 0.9, k=5)(None, scores.repeat(n, 1))  # (6n, 40)
-    assert torch.equal((out == 0).sum(-1), torch.ones(6 * n, dtype=torch.long))  # one token per row
-    freq = (out == 0).float().view(n, 6, 40).mean(0)  # (6, 40)
-    assert torch.all(freq[want == 0] == 0)  # nothing outside the nucleus
-    assert (freq - want).abs().max() < 0.03  # 4,000 draws per row: a few standard errors
-
-
 def test_a_set_written_before_the_generation_setting_is_extended_as_written(tiny, tmp_path):
     model, tok = tiny
     d = tmp_path / "old"

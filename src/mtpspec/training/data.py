@@ -41,7 +41,7 @@ from transformers import LogitsProcessorList
 
 from ..core.target import Target
 from ..errors import DataError, InputError
-from .fast_generate import GENERATION, NAME, NucleusSampler, attention_implementation
+from .fast_generate import NucleusSampler, attention_implementation, generation
 from .shards import read_manifest, save_manifest, shard_path, write_shard
 from .tasks import DOCUMENT_OPENERS, FOLLOW_UPS, TASK_OPENERS, is_repetitive, request_over
 
@@ -411,13 +411,13 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     if real:  # the passages themselves, not only their path: other files there must not resume this run
         digest = hashlib.sha1("\0".join(t for _, t in real).encode()).hexdigest()[:16]
         settings["passages"] = {"paths": [str(p) for p in passages or []], "count": len(real), "sha1": digest}
-    settings["generation"] = GENERATION
+    settings["generation"] = generation(model)
     manifest = _load_manifest(out, target, settings)
     out.mkdir(parents=True, exist_ok=True)
     # None: a set started before `fast_generate`, extended with HF's own generation, as it was written
-    fast = manifest["settings"].get("generation") is not None
-    with attention_implementation(model, NAME) if fast else contextlib.nullcontext():
-        return _write(model, tokenizer, out, cfg, recipe, extra, real, manifest, progress, fast)
+    how = manifest["settings"].get("generation")
+    with attention_implementation(model, how["attention"]) if how else contextlib.nullcontext():
+        return _write(model, tokenizer, out, cfg, recipe, extra, real, manifest, progress, how is not None)
 
 
 def _write(model: Any, tokenizer: Any, out: Path, cfg: DataConfig, recipe: str, extra: list[str],

@@ -37,9 +37,16 @@ from torch import nn
 from ..core.kernels import attention
 
 NAME = "mtpspec_grouped_decode"
-# What a data set's manifest records about how it was generated (absent: HF's own attention
-# and sampling, as sets written before this module were).
-GENERATION = {"attention": NAME, "sampling": "nucleus-topk"}
+SAMPLING = "nucleus-topk"
+
+
+def generation(model: Any) -> dict[str, str]:
+    """What a data set's manifest records about how `model` generates it (absent in sets
+    written before this module: HF's own attention and sampling). The grouped decode attention
+    stands in for "sdpa" only; a model HF runs otherwise (Gemma 2's soft-capped scores run
+    "eager") keeps its own attention."""
+    own = model.config._attn_implementation
+    return {"attention": NAME if own in ("sdpa", NAME) else own, "sampling": SAMPLING}
 
 
 class NucleusSampler:
@@ -112,12 +119,14 @@ def register() -> str:
 
 @contextmanager
 def attention_implementation(model: Any, name: str) -> Iterator[None]:
-    """Run `model` with attention `name` ("sdpa" or NAME), then give it back as it was."""
+    """Run `model` with attention `name` (NAME or one of HF's), then give it back as it was."""
     before = model.config._attn_implementation
     if name == NAME:
         register()
-    model.set_attn_implementation(name)
+    if name != before:
+        model.set_attn_implementation(name)
     try:
         yield
     finally:
-        model.set_attn_implementation(before)
+        if name != before:
+            model.set_attn_implementation(before)
