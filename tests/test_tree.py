@@ -232,6 +232,9 @@ def test_tree_verify_rows_are_bitwise_plain_decoding(dtype, parents, family, ext
     node attends the cache itself (a leading chain) or a copy of it, also past a sliding window."""
     model = tiny_model(family, hidden_size=64, intermediate_size=128, initializer_range=0.1, **extra).to(dtype)
     t = mtpspec.Target(model)
+    if dtype == torch.float32 and not t.plan.row_invariant:
+        pytest.skip(f"this CPU has no row-invariant fp32 kernels ({t.plan}; seen on an AMD EPYC): fp32 is exact "
+                    "up to rounding there, as the plan says")
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(4, 97, (1, 37), generator=g)
     tokens = torch.randint(4, 97, (len(parents),), generator=g)
