@@ -12,16 +12,16 @@ over 73-79 rows, because HF's top-p sorts the whole vocabulary of every row (0.7
    (`torch.topk`, 0.04 s), with the whole vocabulary's normaliser; a row whose nucleus does
    not fit in K falls back to the full sort, so the distribution is exactly top-p's.
 2. `grouped_decode_attention`: in a decode step each of the B rows adds one token, whose
-query attends that row's cache. PyTorch's fused CPU attention (`scaled_dot_product_attention`, HF's default "sdpa") runs
-this shape slowly: for 96 rows x 9 heads over 178 cached positions (bf16, one thread) it took
-17 ms, where two grouped matmuls with an fp32 softmax between them (`kernels.attention`,
-"manual": the heads that share a key/value head are stacked, so the cache is read once per
-group and never repeated) took 1.4 ms. Over 30 layers and every decode step that is most of
-a batched generate's time. Prefill (several new tokens per row) stays on HF's "sdpa".
+   query attends that row's cache with two grouped matmuls and an fp32 softmax between them
+   (`kernels.attention`, "manual": heads that share a key/value head are stacked, so the
+   cache is read once per group). Alone, for 96 rows x 9 heads over 178 positions, it took
+   1.4 ms where PyTorch's fused CPU kernel ("sdpa") took 17 ms; inside a whole greedy step,
+   where matmuls and reading the cache dominate, it saved 0-10% (`reports/data-speed/`).
+   Prefill (several new tokens per row) stays on HF's "sdpa".
 
 The attention kernels round differently, so greedy text differs from "sdpa"'s after a while
 (as any change of kernel in bf16 does), and the sampler draws other random numbers than HF's:
-a data set records how it was generated (`GENERATION`) and is extended the same way
+a data set records how it was generated (`generation`) and is extended the same way
 (`generate_data`).
 """
 
@@ -65,23 +65,23 @@ class NucleusSampler:
         lse = torch.logsumexp(z, -1, keepdim=True)  # (B, 1): the whole vocabulary's normaliser
         top, idx = torch.topk(z, min(self.k, z.shape[-1]), -1)  # (B, K) descending
         p = (top - lse).exp()  # (B, K): the candidates' probabilities
-        above = p.cumsum(-1) - p  # (B, K): mass ranked above each candidate
-        keep = above < self.top_p  # top-p keeps a token while the mass above it is below top_p
-        keep[:, 0] = True
-        spill = keep[:, -1] & (above[:, -1] + p[:, -1] < self.top_p)  # (B,) nucleus reaches past K
+        spill = p.sum(-1) < self.top_p  # (B,): the nucleus reaches past the K candidates
         if bool(spill.any()):
             rows = spill.nonzero()[:, 0]
             zs, ids = torch.sort(z[rows], -1, descending=True)  # (b, V)
-            ps = (zs - lse[rows]).exp()
-            ks = (ps.cumsum(-1) - ps) < self.top_p
-            ks[:, 0] = True
-            draw_full = ids.gather(1, torch.multinomial(ps * ks, 1))  # (b, 1)
-        w = p * keep
-        drawn = idx.gather(1, torch.multinomial(w, 1))  # (B, 1)
+            draw_full = self._draw((zs - lse[rows]).exp(), ids)  # (b, 1)
+        drawn = self._draw(p, idx)  # (B, 1)
         if bool(spill.any()):
             drawn[rows] = draw_full
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, drawn, 0.0)
+
+    def _draw(self, p: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """(b, n) probabilities in descending order and their token ids -> (b, 1) a draw from the
+        nucleus: top-p keeps a token while the mass ranked above it is below top_p."""
+        keep = (p.cumsum(-1) - p) < self.top_p
+        keep[:, 0] = True
+        return ids.gather(1, torch.multinomial(p * keep, 1))
 
 
 def grouped_decode_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -96,25 +96,22 @@ def grouped_decode_attention(module: nn.Module, query: torch.Tensor, key: torch.
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     B, S = key.shape[0], key.shape[2]
-    if attention_mask is None:
-        mask = torch.ones(B, 1, S, dtype=torch.bool, device=query.device)  # (B, 1, S): every cached position
-    elif attention_mask.dtype == torch.bool:
+    if attention_mask is None:  # HF's "sdpa" masks (registered below): bool, or None for "every position"
+        mask = torch.ones(B, 1, S, dtype=torch.bool, device=query.device)  # (B, 1, S)
+    else:
         mask = attention_mask[:, 0]  # (B, 1, S)
-    else:  # an additive float mask: 0 where allowed
-        mask = attention_mask[:, 0] == 0
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = attention(query, key, value, mask, scale, "manual", kwargs.get("softcap"))  # (B, H, 1, hd)
     return out.transpose(1, 2).contiguous(), None
 
 
-def register() -> str:
+def register() -> None:
     """Make NAME a valid `attn_implementation` (its masks are HF's "sdpa" masks); idempotent."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(NAME, grouped_decode_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)
-    return NAME
 
 
 @contextmanager
