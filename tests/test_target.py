@@ -95,6 +95,54 @@ def test_forward_matches_hf(family):
     torch.testing.assert_close(rest, ref.logits[:, 12:], rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "granite"])  # qwen2: q/k/v biases; granite: MLP biases too
+def test_stacked_projections_move_weights_without_changing_or_copying_them(family):
+    """The adapter runs q/k/v and gate/up as one matmul each by re-homing the parameters as row
+    views of one tensor: the model keeps every value, its parameters and its memory, and HF's
+    own forward is unchanged; a second adapter on the same model copies nothing."""
+    model = any_model(family)
+    ids = torch.randint(4, 97, (1, 12), generator=torch.Generator().manual_seed(0))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    params = dict(model.named_parameters())
+    ref = model(ids).logits
+    t = mtpspec.Target(model)
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert dict(model.named_parameters()) == params  # the same Parameter objects
+    a, m = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    stacked = (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)
+    assert len({w.untyped_storage().data_ptr() for w in stacked}) == 1  # one storage, row views of it
+    assert a.k_proj.weight.data_ptr() == a.q_proj.weight.data_ptr() + a.q_proj.weight.nbytes
+    assert m.up_proj.weight.data_ptr() == m.gate_proj.weight.data_ptr() + m.gate_proj.weight.nbytes
+    assert torch.equal(model(ids).logits, ref)
+    ptrs = [p.data_ptr() for p in model.parameters()]
+    t2 = mtpspec.Target(model)
+    assert [p.data_ptr() for p in model.parameters()] == ptrs  # nothing copied or moved again
+    assert torch.equal(t.forward(ids, t.new_cache(32)).logits, t2.forward(ids, t2.new_cache(32)).logits)
+
+
+def test_a_model_cast_or_given_new_weights_after_wrapping_is_read_again():
+    """`model.to(dtype)` or a weight swapped in gives parameters new data; the adapter notices and
+    reads the layers again instead of computing with the stacked copies of the old weights."""
+    model = tiny_model("llama")
+    t = mtpspec.Target(model)
+    ids = torch.randint(4, 97, (1, 10), generator=torch.Generator().manual_seed(1))
+
+    def fresh_logits():
+        f = mtpspec.Target(model)
+        return f.forward(ids, f.new_cache(32)).logits
+
+    old = t.forward(ids, t.new_cache(32)).logits
+    mlp = model.model.layers[1].mlp
+    mlp.gate_proj.weight.data = torch.randn_like(mlp.gate_proj.weight)  # a weight swapped in
+    new = t.forward(ids, t.new_cache(32)).logits
+    assert not torch.equal(new, old) and torch.equal(new, fresh_logits())
+    torch.testing.assert_close(new, model(ids).logits, rtol=0, atol=1e-4)
+    model.to(torch.bfloat16)
+    out = t.forward(ids, t.new_cache(32)).logits
+    assert torch.equal(out, fresh_logits())
+
+
 def test_rms_norm_is_bitwise_hf():
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 

@@ -182,19 +182,22 @@ class _Layer:
     attn_out: Norm | None  # on attention's output, before the residual add (OLMo 2, Gemma)
     mlp_in: Norm | None
     mlp_out: Norm | None
-    q: Weights
-    k: Weights
-    v: Weights
+    qkv: Weights  # q, k and v stacked: (H * hd + 2 * Hk * hd, D), one matmul for the three
     o: Weights
     q_norm: nn.Module | None
     k_norm: nn.Module | None
     qk_norm_whole: bool  # q/k norms over all heads at once, before the head split (OLMo 2)
     scale: float  # attention scores are q.k * scale
     rope: str | None  # which rotary table ("" = the model's only one); None = no RoPE here
-    gate: Weights
-    up: Weights
+    gate_up: Weights  # gate and up stacked: (2 * M, D)
     down: Weights
     act: nn.Module
+    # The parameters that now live in qkv / gate_up (q and gate lead them): if either is given
+    # new data (`model.to(dtype)`, a weight swapped in), the layer is read again.
+    watch: tuple[torch.Tensor, torch.Tensor]
+
+    def stale(self) -> bool:
+        return self.watch[0].data_ptr() != self.qkv[0].data_ptr() or self.watch[1].data_ptr() != self.gate_up[0].data_ptr()
 
 
 def _sliding_windows(cfg: object, model_type: str) -> list[int | None]:
@@ -213,6 +216,46 @@ def _sliding_windows(cfg: object, model_type: str) -> list[int | None]:
 
 def _wb(lin: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     return lin.weight, lin.bias
+
+
+def _back_to_back(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """parts stacked along dim 0 as one view, if they already lie back to back in one storage
+    (Phi-3's fused projections, or weights an earlier `stack_in_place` re-homed); else None."""
+    first = parts[0]
+    off = first.storage_offset()
+    for t in parts:
+        if (not t.is_contiguous() or t.dtype != first.dtype or t.shape[1:] != first.shape[1:]
+                or t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or t.storage_offset() != off):
+            return None
+        off += t.numel()
+    rows = sum(int(t.shape[0]) for t in parts)
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
+
+
+def stack_in_place(params: list[torch.Tensor]) -> torch.Tensor:
+    """One (sum of rows, ...) tensor holding `params` stacked along dim 0, with every param's
+    data re-homed as a row view of it: the same values and the same memory as before (the old
+    storages are freed), so one matmul can read what took several. A param keeps its identity;
+    only where its values live changes. Params already back to back are viewed, not copied."""
+    stacked = _back_to_back(params)
+    if stacked is None:
+        stacked = torch.cat([p.detach() for p in params])
+        row = 0
+        for p in params:
+            p.data = stacked[row:row + p.shape[0]]
+            row += p.shape[0]
+    return stacked
+
+
+def _stacked(pairs: list[Weights]) -> Weights:
+    """(weights, biases) of projections that read the same input, as one stacked projection."""
+    w = stack_in_place([p[0] for p in pairs])
+    biases = [p[1] for p in pairs]
+    if all(b is None for b in biases):
+        return w, None
+    if all(b is not None for b in biases):
+        return w, stack_in_place(biases)  # type: ignore[arg-type]
+    return w, torch.cat([b if b is not None else w.new_zeros(p[0].shape[0]) for b, p in zip(biases, pairs)])
 
 
 def _float_or_none(x: object) -> float | None:
@@ -337,20 +380,24 @@ class Target:
         if isinstance(getattr(a, "qkv_proj", None), nn.Linear):  # Phi-3: q, k, v fused; row views, no copy
             if a.qkv_proj.bias is not None:
                 raise UnsupportedModelError(f"{name}: a fused qkv projection with a bias is not supported.")
-            w, nq, nk = a.qkv_proj.weight, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-            q, k, v = (w[:nq], None), (w[nq:nq + nk], None), (w[nq + nk:], None)
+            qkv: Weights = (a.qkv_proj.weight, None)
         else:
             for proj in ("q_proj", "k_proj", "v_proj"):
                 if not isinstance(getattr(a, proj, None), nn.Linear):
                     raise UnsupportedModelError(f"{name}: attention has no linear `{proj}`.")
-            q, k, v = _wb(a.q_proj), _wb(a.k_proj), _wb(a.v_proj)
+            qkv = _stacked([_wb(a.q_proj), _wb(a.k_proj), _wb(a.v_proj)])  # zero copy after the first Target
         if isinstance(getattr(m, "gate_up_proj", None), nn.Linear):  # Phi-3: gate and up fused
             if m.gate_up_proj.bias is not None:
                 raise UnsupportedModelError(f"{name}: a fused gate/up projection with a bias is not supported.")
-            gu, M = m.gate_up_proj.weight, m.gate_up_proj.weight.shape[0] // 2
-            gate, up, act = (gu[:M], None), (gu[M:], None), m.activation_fn
+            gate_up: Weights = (m.gate_up_proj.weight, None)
+            act = m.activation_fn
         else:
-            gate, up, act = _wb(m.gate_proj), _wb(m.up_proj), m.act_fn
+            gate_up, act = _stacked([_wb(m.gate_proj), _wb(m.up_proj)]), m.act_fn
+        qkv_rows = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        if qkv[0].shape[0] != qkv_rows or gate_up[0].shape[0] % 2:
+            raise UnsupportedModelError(f"{name}: q/k/v projections of {qkv[0].shape[0]} rows where the config "
+                                        f"implies {qkv_rows}, or gate/up of an odd {gate_up[0].shape[0]}.")
+        watch = (getattr(a, "qkv_proj", None) or a.q_proj).weight, (getattr(m, "gate_up_proj", None) or m.gate_proj).weight
         q_norm, k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
         if (q_norm is None) != (k_norm is None):
             raise UnsupportedModelError(f"{name}: a q norm without a k norm (or the reverse) is not supported.")
@@ -365,9 +412,9 @@ class Target:
             attn_out=None if attn_out is None else self._norm(attn_out),
             mlp_in=None if mlp_in is None else self._norm(mlp_in),
             mlp_out=None if mlp_out is None else self._norm(mlp_out),
-            q=q, k=k, v=v, o=_wb(a.o_proj), q_norm=q_norm, k_norm=k_norm, qk_norm_whole=whole,
+            qkv=qkv, o=_wb(a.o_proj), q_norm=q_norm, k_norm=k_norm, qk_norm_whole=whole,
             scale=float(getattr(a, "scaling", None) or self.head_dim**-0.5), rope=rope,
-            gate=gate, up=up, down=_wb(m.down_proj), act=act,
+            gate_up=gate_up, down=_wb(m.down_proj), act=act, watch=watch,
         )
 
     # -- the pieces the head shares by reference ------------------------------------------
@@ -461,7 +508,7 @@ class Target:
         if self.dtype not in self._plans:  # keyed by dtype: the model may be cast after wrapping
             L = self._layers[0]
             uses: dict[tuple[int, int], int] = {}
-            for w in (L.q[0], L.k[0], L.v[0], L.o[0], L.gate[0], L.up[0], L.down[0]):
+            for w in (L.qkv[0], L.o[0], L.gate_up[0], L.down[0]):
                 shape = (int(w.shape[0]), int(w.shape[1]))
                 uses[shape] = uses.get(shape, 0) + self.num_layers
             head_shape = (self.vocab_size, self.hidden_size)
@@ -524,6 +571,8 @@ class Target:
         B, T = input_ids.shape
         if B != 1:
             raise InputError(f"mtpspec decodes one sequence at a time; got a batch of {B}.")
+        if any(L.stale() for L in self._layers):  # the model was cast or given new weights since
+            self._layers = [self._read_layer(i, layer) for i, layer in enumerate(self.model.model.layers)]
         start = cache.length
         cache.reserve(start + T)
         S = cache.capacity
@@ -607,9 +656,8 @@ class Target:
                 feats[i] = x
             # attention
             h = x if L.attn_in is None else L.attn_in(x)  # (T, D)
-            q = linear(h, *L.q, plan.linear)  # (T, H * hd)
-            k = linear(h, *L.k, plan.linear)  # (T, Hk * hd)
-            v = linear(h, *L.v, plan.linear).view(T, Hk, hd)
+            q, k, v = linear(h, *L.qkv, plan.linear).split([H * hd, Hk * hd, Hk * hd], -1)  # (T, H * hd), (T, Hk * hd) x 2
+            v = v.view(T, Hk, hd)
             if L.qk_norm_whole:
                 q, k = L.q_norm(q), L.k_norm(k)  # type: ignore[misc]
             q, k = q.view(T, H, hd), k.view(T, Hk, hd)
@@ -638,7 +686,8 @@ class Target:
             x = x + (out if rm == 1.0 else out * rm)
             # MLP
             h = x if L.mlp_in is None else L.mlp_in(x)
-            g = L.act(linear(h, *L.gate, plan.linear)) * linear(h, *L.up, plan.linear)  # (T, M)
+            gate, up = linear(h, *L.gate_up, plan.linear).chunk(2, -1)  # (T, M) each
+            g = L.act(gate) * up
             out = linear(g, *L.down, plan.linear)  # (T, D)
             if L.mlp_out is not None:
                 out = L.mlp_out(out)
