@@ -1,14 +1,19 @@
 """Collect, at every position of the greedy output, the head's ranked tree candidates, and the
 greedy continuation, so that draft shapes can be simulated offline (greedy acceptance of any
 subtree = its longest path matching the continuation)."""
-import sys, pickle, torch
-from mtpspec.models import load_target, chat_ids
+import pickle
+import sys
+
+import torch
+
+from mtpspec.core.decode import generate
+from mtpspec.core.draft import DraftInput
+from mtpspec.core.drafters import TreeConfig, TreeDrafter
 from mtpspec.core.target import Target
+from mtpspec.models import chat_ids, load_target
 from mtpspec.pretrained import resolve_head
 from mtpspec.prompts import load_prompts
-from mtpspec.core.decode import generate
-from mtpspec.core.drafters import TreeDrafter, TreeConfig
-from mtpspec.core.draft import DraftInput
+
 torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 1)
 path = None if sys.argv[1] == "builtin" else sys.argv[1]
 limit = None if path is None else 48

@@ -8,6 +8,11 @@ a verify pass V0, plus ROW per extra row, plus PLANE per branch off the spine (e
 own copy of the cache), plus STEP per head step (TREE_STEP when the drafter builds a tree).
 
     python reports/tree-shapes/simulate.py /tmp/sim-builtin.pkl
+    python reports/tree-shapes/simulate.py /tmp/sim-builtin.pkl 0.020 0.056 0.097   # row plane step
+
+Optional row, plane and step prices, as fractions of a one-token forward (what `mtpspec costs`
+prints as `RoundCosts`), replace the cost model's ms (V0 stays the unit); a chain step then
+costs `step` too, and the sweep adds larger node budgets.
 """
 import math
 import pickle
@@ -15,6 +20,10 @@ import sys
 from collections import defaultdict
 
 V0, ROW, PLANE, STEP, TREE_STEP = 42.0, 0.3, 3.7, 2.0, 2.45
+PRICED = len(sys.argv) > 2
+if PRICED:
+    ROW, PLANE, STEP = (float(a) * V0 for a in sys.argv[2:5])
+    TREE_STEP = STEP
 rows = pickle.load(open(sys.argv[1], "rb"))
 
 
@@ -120,7 +129,6 @@ class CostShaped:
     def __call__(self, nodes):
         row, plane, step = self.c
         value = self.tpr / self.cpr
-        d = depths(nodes)
         kids = defaultdict(list)
         for i, (_, par, _) in enumerate(nodes):
             kids[par].append(i)
@@ -202,6 +210,14 @@ for share in (0.3, 0.5, 1.0):
         policies[f"cost-shaped, deeper_share {share}, plane x{pm}"] = CostShaped(plane=pm * PLANE / V0, share=share)
 policies["cost-shaped, deeper_share 0.3, plane x1.0, branch_credit"] = CostShaped(credit=True)
 policies["cost-shaped chain (no branches: plane price x1000)"] = CostShaped(plane=1000 * PLANE / V0)
+if PRICED:
+    policies["cost-shaped at RoundCosts()'s default prices (the Xeon's), timed at these"] = CostShaped(
+        row=0.007, plane=0.09, step=0.058)
+    policies["the same, branch_credit"] = CostShaped(row=0.007, plane=0.09, step=0.058, credit=True)
+    for n in (12, 16):
+        for credit in (False, True):
+            policies[f"cost-shaped, at most {n} nodes" + (", branch_credit" if credit else "")] = CostShaped(
+                max_nodes=n, credit=credit)
 print("\n| shape | tokens / round | verify rows | planes | ms / token (model) | x plain |\n|---|---|---|---|---|---|")
 for name, pol in policies.items():
     tpr, M, P, ms = simulate(pol)
