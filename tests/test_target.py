@@ -146,12 +146,14 @@ def test_a_model_cast_or_given_new_weights_after_wrapping_is_read_again():
 def test_rms_norm_is_bitwise_hf():
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    for dtype in (torch.float32, torch.bfloat16):
-        norm = LlamaRMSNorm(48, eps=1e-5)
-        norm.weight.data.normal_()
-        norm = norm.to(dtype)
-        x = torch.randn(7, 48).to(dtype)
-        assert torch.equal(rms_norm(x, norm.weight, 1e-5), norm(x))
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for width, rows, spread in ((48, 7, 1.0), (576, 1, 30.0), (576, 300, 0.01), (2048, 5, 3.0)):
+            norm = LlamaRMSNorm(width, eps=1e-5)
+            norm.weight.data.normal_(generator=g)
+            norm = norm.to(dtype)
+            x = (torch.randn(rows, width, generator=g) * spread).to(dtype)
+            assert torch.equal(rms_norm(x, norm.weight, 1e-5), norm(x)), (dtype, width, rows)
 
 
 def test_growable_and_fixed_caches():

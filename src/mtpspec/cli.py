@@ -250,7 +250,9 @@ def train(
     mlp_ratio: float = typer.Option(2.0, "--mlp-ratio"),
     draft_vocab_size: int = typer.Option(0, "--draft-vocab-size", help="0 = full vocabulary."),
     teacher_topk: int = typer.Option(32, "--teacher-topk", help="Teacher log-probs kept per position."),
-    cache_dtype: str = typer.Option("bf16", "--cache-dtype", help="dtype of the one target pass that caches activations."),
+    cache_dtype: str = typer.Option(
+        "auto", "--cache-dtype", help="dtype of the one target pass that caches activations: auto = bf16 where the CPU "
+        "has native bf16 matmuls, else fp32."),
     resume: bool = typer.Option(False, "--resume", help="Continue from out/checkpoint.pt."),
     max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps (time-boxing)."),
     threads: int = THREADS,

@@ -21,6 +21,10 @@ Candidates:
   with fp32 scores, rows stacked along the GEMM's M dimension ("manual"); the same with the
   cache as the GEMM's left operand and the rows as its N dimension ("kqt": K q^T, V^T P^T),
   the layout that kept rows bit-identical for every cache size tried here.
+- "rowdot", linear and attention, fp32 on x86-64 CPUs with AVX2 + FMA: mtpspec's own C
+  kernels (`native.py`), row-invariant by construction; where no torch fp32 kernel is (AVX2-only
+  CPUs: MKL's GEMM paths change with the row count), the only exact choice, and there faster
+  than MKL's one-row GEMV as well.
   A model whose attention scores are soft-capped (Gemma 2: cap * tanh(scores / cap)) chooses
   between "manual" and "kqt" only: the fused kernel has no step between the scores and the
   softmax.
@@ -40,9 +44,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import native
+
 R_MAX = 16  # most rows checked for invariance (a verify pass of k + 1 <= 16 tokens)
-LINEAR_KINDS = ("linear", "linear_pad2", "wxt", "wxt_pad2")
-ATTENTION_KINDS = ("sdpa", "manual", "kqt")
+LINEAR_KINDS = ("linear", "linear_pad2", "wxt", "wxt_pad2", "rowdot")
+ATTENTION_KINDS = ("sdpa", "manual", "kqt", "rowdot")
 CHECK_SLOTS = (64, 320, 1024, 2048)  # cache sizes at which attention must be row-invariant
 
 
@@ -64,6 +70,9 @@ class KernelPlan:
 # -- the kernels ------------------------------------------------------------------------------
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, kind: str) -> torch.Tensor:
     """(R, I) @ (O, I)^T + b -> (R, O)."""
+    if kind == "rowdot":
+        y = native.rowdot(x, w)
+        return y if b is None else y + b
     R = x.shape[0]
     pad = R == 1 and kind.endswith("_pad2")
     if pad:
@@ -95,6 +104,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale, enable_gqa=Hk != H)
     g = H // Hk  # query heads per key/value head
     qg = q.reshape(B, Hk, g * R, hd)  # (B, Hk, gR, hd): heads of a group share their keys
+    if kind == "rowdot":  # fp32 scores, one dot product each, then the weighted sum in slot order
+        s = native.rowdot(qg.reshape(B * Hk, g * R, hd), k.reshape(B * Hk, S, hd)).view(B, H, R, S) * scale
+        if softcap is not None:
+            s = torch.tanh(s / softcap) * softcap
+        p = torch.where(m, s, float("-inf")).softmax(-1)  # (B, H, R, S)
+        return native.mix(p.view(B * Hk, g * R, S), v.reshape(B * Hk, S, hd)).view(B, H, R, hd)
     if kind == "manual":
         s = (qg @ k.transpose(-1, -2)).float().view(B, H, R, S) * scale  # (B, H, R, S)
         if softcap is not None:
@@ -105,10 +120,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     if n == 1:
         qg = torch.cat([qg, qg], 2)
     s = (k @ qg.transpose(-1, -2))[..., :n]  # (B, Hk, S, gR)
-    s = s.transpose(-1, -2).contiguous().float().view(B, H, R, S) * scale  # (B, H, R, S)
+    # one copy transposes and widens (exactly) to fp32; every op here is one call per layer
+    s = torch.empty(B, Hk, n, S, dtype=torch.float32, device=s.device).copy_(s.transpose(-1, -2)).view(B, H, R, S) * scale
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
-    p = s.masked_fill(~m, float("-inf")).softmax(-1).to(v.dtype).view(B, Hk, n, S)
+    p = torch.where(m, s, float("-inf")).softmax(-1).to(v.dtype).view(B, Hk, n, S)  # (B, Hk, gR, S)
     if n == 1:
         p = torch.cat([p, p], 2)
     out = (v.transpose(-1, -2) @ p.transpose(-1, -2))[..., :n]  # (B, Hk, hd, gR)
@@ -189,21 +205,27 @@ def _cpu_model() -> str:
 
 
 def choose_plan(dtype: torch.dtype, linear_shapes: dict[tuple[int, int], int], heads: tuple[int, int, int],
-                num_layers: int = 1, use_cache: bool = True, softcap: float | None = None) -> KernelPlan:
+                num_layers: int = 1, use_cache: bool = True, softcap: float | None = None,
+                on_cpu: bool = True) -> KernelPlan:
     """The fastest row-invariant kernels on this machine for weights of these (out, in) shapes
     (each used that many times per forward) and attention with (H, Hk, hd) heads in each of
     `num_layers` layers, its scores soft-capped at `softcap` if given. Takes several seconds the
-    first time; later calls read the cached choice."""
+    first time; later calls read the cached choice. on_cpu=False (a model on an accelerator)
+    leaves out mtpspec's own CPU kernels."""
     H, Hk, hd = heads
+    native_ok = on_cpu and dtype == torch.float32 and native.library() is not None
     key = f"{sorted(linear_shapes.items())}|{heads}|{num_layers}" + ("" if softcap is None else f"|softcap={softcap}")
-    kinds = tuple(k for k in ATTENTION_KINDS if softcap is None or k != "sdpa")
+    key += "|native" if native_ok else ""  # plans cached before the native kernels existed lack them
+    lin_kinds = tuple(k for k in LINEAR_KINDS if native_ok or k != "rowdot")
+    kinds = tuple(k for k in ATTENTION_KINDS if (softcap is None or k != "sdpa")
+                  and (k != "rowdot" or (native_ok and hd % 8 == 0 and hd <= 256)))
     path = _cache_file(dtype, key)
     if use_cache and path.is_file():
         try:
             return KernelPlan(**json.loads(path.read_text()))
         except (ValueError, TypeError):
             pass  # a stale or corrupt cache file: measure again
-    lin = {kind: _check_linear(kind, dtype, linear_shapes) for kind in LINEAR_KINDS}
+    lin = {kind: _check_linear(kind, dtype, linear_shapes) for kind in lin_kinds}
     att = {}
     for kind in kinds:
         checks = [_check_attention(kind, dtype, H, Hk, hd, S, softcap) for S in CHECK_SLOTS]
@@ -211,7 +233,7 @@ def choose_plan(dtype: torch.dtype, linear_shapes: dict[tuple[int, int], int], h
     good_lin = [k for k, (ok, _) in lin.items() if ok]
     good_att = [k for k, (ok, _) in att.items() if ok]
     plan = KernelPlan(
-        linear=min(good_lin or LINEAR_KINDS, key=lambda k: lin[k][1]),
+        linear=min(good_lin or lin_kinds, key=lambda k: lin[k][1]),
         attention=min(good_att or kinds, key=lambda k: att[k][1]),
         row_invariant=bool(good_lin and good_att),
     )

@@ -268,8 +268,10 @@ def _eps(norm: nn.Module) -> float:
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """As Llama-style families compute it (x * rsqrt(mean(x^2) + eps) in fp32, cast back,
-    then scale), in one call instead of six; bit-identical on the CPU (tests/test_target.py)."""
-    return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+    then scale), in two calls instead of six: torch's fused norm takes a bf16/fp16 input in
+    fp32 and rounds once on the way out, as HF's casts do; bit-identical on the CPU
+    (tests/test_target.py)."""
+    return w * F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -289,6 +291,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave
     else:
         rot = rotate_half(x)
     return (x * cos + rot * sin).to(x.dtype)
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """HF's sin table with its first half negated: `apply_rope_signed`'s form of the table."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), -1)
+
+
+def apply_rope_signed(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """`apply_rope` (not interleaved) with the sign of rotate_half moved into the table, which a
+    forward negates once for all its layers: x2 * -s equals -x2 * s exactly (a sign flip
+    rounds nothing), so the result is bit-identical with one call fewer per layer."""
+    half = x.shape[-1] // 2
+    return (x * cos + torch.cat((x[..., half:], x[..., :half]), -1) * sin_signed).to(x.dtype)
 
 
 def _rope_parameters(cfg: object) -> list[dict]:
@@ -514,7 +530,8 @@ class Target:
             head_shape = (self.vocab_size, self.hidden_size)
             uses[head_shape] = uses.get(head_shape, 0) + 1
             heads = (self.num_heads, self.num_kv_heads, self.head_dim)
-            self._plans[self.dtype] = choose_plan(self.dtype, uses, heads, self.num_layers, softcap=self.attn_softcap)
+            self._plans[self.dtype] = choose_plan(self.dtype, uses, heads, self.num_layers, softcap=self.attn_softcap,
+                                                  on_cpu=self.device.type == "cpu")
         return self._plans[self.dtype]
 
     def layer_index(self, i: int) -> int:
@@ -644,10 +661,10 @@ class Target:
         rm, cap = self.residual_multiplier, self.attn_softcap
 
         x = self.embed_tokens(input_ids)[0]  # (T, D)
-        ropes = {}  # rotary table -> (cos, sin), (1, 1, T, hd) each
+        ropes = {}  # rotary table -> (cos, sin), (1, 1, T, hd) each; sin signed unless interleaved
         for key in self._rope_keys:
             cos, sin = self._rope_table(key, x, positions[None])  # (1, T, hd) each
-            ropes[key] = cos[:, None], sin[:, None]
+            ropes[key] = cos[:, None], (sin if self.interleaved_rope else signed_sin(sin))[:, None]
         n_feat = self.num_layers + 1
         want = {i % n_feat for i in hidden_layers}
         feats: dict[int, torch.Tensor] = {}
@@ -665,7 +682,8 @@ class Target:
                 q, k = L.q_norm(q), L.k_norm(k)  # type: ignore[misc]
             qk = torch.cat([q, k], 1).transpose(0, 1)[None]  # (1, H + Hk, T, hd): one RoPE for both
             if L.rope is not None:
-                qk = apply_rope(qk, *ropes[L.rope], self.interleaved_rope)
+                cos, sin = ropes[L.rope]
+                qk = apply_rope(qk, cos, sin, True) if self.interleaved_rope else apply_rope_signed(qk, cos, sin)
             q, k = qk[:, :H], qk[:, H:]  # (1, H, T, hd), (1, Hk, T, hd)
             cache.keys[i, :, start:start + T] = k[0]
             cache.values[i, :, start:start + T] = v.transpose(0, 1)

@@ -541,7 +541,7 @@ def _save_final(module: nn.Module, out: Path) -> None:
 
 def train_on_data(data_dirs: list[str | Path] | list[Path], out_dir: str | Path, cfg: TrainConfig,
                   head_config: HeadConfig | None = None, target_name: str | None = None, teacher_topk: int = 32,
-                  cache_dtype: str = "bf16", resume: bool = False, max_steps: int | None = None,
+                  cache_dtype: str = "auto", resume: bool = False, max_steps: int | None = None,
                   init_head: str | Path | None = None, progress: bool = True) -> dict[str, Any] | None:
     """`mtpspec train` end to end: cache the target's activations on each data set, then `train`.
 
