@@ -86,8 +86,9 @@ def test_forward_matches_hf(family):
     out = t.forward(ids, t.new_cache(64), hidden_layers=(0, 1, -1))
     torch.testing.assert_close(out.logits, ref.logits, rtol=0, atol=1e-4)
     D = model.config.hidden_size
+    # rtol: large activations, fp32 rounding of another summation order (native kernels)
     for j, hs in enumerate((ref.hidden_states[0], ref.hidden_states[1], ref.hidden_states[-1])):
-        torch.testing.assert_close(out.hidden[..., j * D:(j + 1) * D], hs, rtol=0, atol=1e-4)
+        torch.testing.assert_close(out.hidden[..., j * D:(j + 1) * D], hs, rtol=1e-4, atol=1e-4)
     # the same logits token by token against the cache
     c = t.new_cache(64)
     t.forward(ids[:, :12], c)

@@ -21,10 +21,11 @@ Candidates:
   with fp32 scores, rows stacked along the GEMM's M dimension ("manual"); the same with the
   cache as the GEMM's left operand and the rows as its N dimension ("kqt": K q^T, V^T P^T),
   the layout that kept rows bit-identical for every cache size tried here.
-- "rowdot", linear and attention, fp32 on x86-64 CPUs with AVX2 + FMA: mtpspec's own C
-  kernels (`native.py`), row-invariant by construction; where no torch fp32 kernel is (AVX2-only
-  CPUs: MKL's GEMM paths change with the row count), the only exact choice, and there faster
-  than MKL's one-row GEMV as well.
+- "rowdot", linear and attention, fp32 and bf16 on x86-64 CPUs with AVX2 + FMA: mtpspec's own
+  C kernels (`native.py`), row-invariant by construction; where no torch fp32 kernel is
+  (AVX2-only CPUs: MKL's GEMM paths change with the row count), the only exact choice, and
+  there faster than MKL's one-row GEMV as well; in bf16 there, where torch emulates bf16
+  matmuls, several times faster than torch's.
   A model whose attention scores are soft-capped (Gemma 2: cap * tanh(scores / cap)) chooses
   between "manual" and "kqt" only: the fused kernel has no step between the scores and the
   softmax.
@@ -104,8 +105,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale, enable_gqa=Hk != H)
     g = H // Hk  # query heads per key/value head
     qg = q.reshape(B, Hk, g * R, hd)  # (B, Hk, gR, hd): heads of a group share their keys
-    if kind == "rowdot":  # fp32 scores, one dot product each, then the weighted sum in slot order
-        s = native.rowdot(qg.reshape(B * Hk, g * R, hd), k.reshape(B * Hk, S, hd)).view(B, H, R, S) * scale
+    if kind == "rowdot":  # fp32 scores, one dot product each, fp32 weights, the weighted sum in slot order
+        s = native.rowdot(qg.reshape(B * Hk, g * R, hd), k.reshape(B * Hk, S, hd), fp32_out=True).view(B, H, R, S) * scale
         if softcap is not None:
             s = torch.tanh(s / softcap) * softcap
         p = torch.where(m, s, float("-inf")).softmax(-1)  # (B, H, R, S)
@@ -213,7 +214,7 @@ def choose_plan(dtype: torch.dtype, linear_shapes: dict[tuple[int, int], int], h
     first time; later calls read the cached choice. on_cpu=False (a model on an accelerator)
     leaves out mtpspec's own CPU kernels."""
     H, Hk, hd = heads
-    native_ok = on_cpu and dtype == torch.float32 and native.library() is not None
+    native_ok = on_cpu and dtype in native.DTYPES and native.library() is not None
     key = f"{sorted(linear_shapes.items())}|{heads}|{num_layers}" + ("" if softcap is None else f"|softcap={softcap}")
     key += "|native" if native_ok else ""  # plans cached before the native kernels existed lack them
     lin_kinds = tuple(k for k in LINEAR_KINDS if native_ok or k != "rowdot")

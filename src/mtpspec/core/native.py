@@ -1,4 +1,4 @@
-"""Row-invariant fp32 matmul and attention kernels in C (`rowdot.c`), for x86-64 CPUs with
+"""Row-invariant fp32 and bf16 matmul and attention kernels in C (`rowdot.c`), for x86-64 CPUs with
 AVX2 and FMA, compiled on first use with the machine's C compiler and cached beside the
 kernel plans (`~/.cache/mtpspec/`, or `$MTPSPEC_CACHE`).
 
@@ -7,7 +7,8 @@ are emulated (a 300-token bf16 forward of SmolLM2 took 6 s against 1 s in fp32),
 torch's fp32 kernels gives a row the same bits alone and among others (MKL's GEMM paths change
 with the row count), so speculative decoding there was exact only up to rounding. These
 kernels compute every output in one fixed order (see rowdot.c) and stream each weight once
-for all rows: row-invariant by construction, and on such a CPU faster than MKL's one-row GEMV.
+for all rows: row-invariant by construction, and on such a CPU faster than MKL's one-row GEMV
+in fp32; in bf16 (fp32 arithmetic on bf16 operands) they read half the bytes again.
 
 Nothing here is required: without a compiler, on another CPU, or with MTPSPEC_NATIVE=0,
 `library()` is None and `kernels.choose_plan` never offers these kernels (`reason()` says why).
@@ -67,7 +68,7 @@ def _build() -> ctypes.CDLL | None:
         so = ctypes.CDLL(str(lib))
     except OSError as e:
         return _fail(f"loading {lib} failed: {e}")
-    for name in ("rowdot_f32", "mix_f32"):
+    for name in ("rowdot_f32", "rowdot_bf16", "rowdot_bf16_f32", "mix_f32", "mix_bf16"):
         fn = getattr(so, name)
         fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4 + [ctypes.c_long] * 3
         fn.restype = None
@@ -90,36 +91,48 @@ def reason() -> str | None:
     return None if library() is not None else (_why[-1] if _why else "unavailable")
 
 
-def _check(*ts: torch.Tensor) -> None:
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _check(dtype: torch.dtype, *ts: torch.Tensor) -> None:
     for t in ts:
-        if t.dtype != torch.float32 or t.device.type != "cpu":
-            raise ValueError(f"the native kernels take fp32 CPU tensors, got {t.dtype} on {t.device}")
+        if t.dtype != dtype or t.device.type != "cpu":
+            raise ValueError(f"the native kernels take fp32 or bf16 CPU tensors, all {dtype}; got {t.dtype} on {t.device}")
 
 
-def rowdot(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """(R, I) @ (O, I)^T -> (R, O), or batched (B, R, I) @ (B, O, I)^T -> (B, R, O)."""
+def rowdot(x: torch.Tensor, w: torch.Tensor, fp32_out: bool = False) -> torch.Tensor:
+    """(R, I) @ (O, I)^T -> (R, O), or batched (B, R, I) @ (B, O, I)^T -> (B, R, O); fp32 or
+    bf16 operands (fp32 arithmetic), the result in their dtype or, with fp32_out, in fp32."""
     so = library()
     assert so is not None, reason()
-    _check(x, w)
+    if x.dtype not in DTYPES:
+        raise ValueError(f"the native kernels take fp32 or bf16 CPU tensors, got {x.dtype}")
+    _check(x.dtype, x, w)
     x, w = x.contiguous(), w.contiguous()
     xb, wb = (x, w) if x.dim() == 3 else (x[None], w[None])
     B, R, n_in = xb.shape
     n_out = wb.shape[1]
-    y = x.new_empty(B, R, n_out)
-    so.rowdot_f32(xb.data_ptr(), wb.data_ptr(), y.data_ptr(), B, R, n_in, n_out, R * n_in, n_out * n_in, R * n_out)
+    bf16 = x.dtype == torch.bfloat16
+    y = x.new_empty(B, R, n_out, dtype=torch.float32 if fp32_out or not bf16 else torch.bfloat16)
+    fn = (so.rowdot_bf16_f32 if fp32_out else so.rowdot_bf16) if bf16 else so.rowdot_f32
+    fn(xb.data_ptr(), wb.data_ptr(), y.data_ptr(), B, R, n_in, n_out, R * n_in, n_out * n_in, R * n_out)
     return y if x.dim() == 3 else y[0]
 
 
 def mix(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """(B, R, S) weights @ (B, S, D) values -> (B, R, D); D a multiple of 8, at most 256."""
+    """(B, R, S) fp32 weights @ (B, S, D) fp32 or bf16 values -> (B, R, D) in the values'
+    dtype; D a multiple of 8, at most 256."""
     so = library()
     assert so is not None, reason()
-    _check(p, v)
+    _check(torch.float32, p)
+    if v.dtype not in DTYPES:
+        raise ValueError(f"the native kernels take fp32 or bf16 CPU tensors, got {v.dtype}")
+    _check(v.dtype, v)
     p, v = p.contiguous(), v.contiguous()
     B, R, S = p.shape
     D = v.shape[-1]
     if D % 8 or D > 256:
         raise ValueError(f"mix needs a head dim that is a multiple of 8, at most 256; got {D}")
-    y = p.new_empty(B, R, D)
-    so.mix_f32(p.data_ptr(), v.data_ptr(), y.data_ptr(), B, R, S, D, R * S, S * D, R * D)
+    y = v.new_empty(B, R, D)
+    (so.mix_f32 if v.dtype == torch.float32 else so.mix_bf16)(p.data_ptr(), v.data_ptr(), y.data_ptr(), B, R, S, D, R * S, S * D, R * D)
     return y
