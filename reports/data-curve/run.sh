@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Held-out and decoded acceptance vs data size: one from-scratch head, one epoch over all kept
-# data (each sample seen once, shuffled across sets), stopped at 50, 100, 200, 400, 800 steps of
+# data (each sample seen once, shuffled across sets), stopped at 50, 100, 200, 400 steps of
 # 16 samples (~2,500 response tokens each), its head exported and decoded on the built-in set
 # at each stop. Resumable: rerun it and it continues from the last stop done.
-#   bash reports/data-curve/run.sh THREADS [STOPS...]
+#   [FRACTION=0.4] bash reports/data-curve/run.sh THREADS [STOPS...]
 set -euo pipefail
 T=${1:-1}; shift || true
-STOPS=${*:-50 100 200 400 800}
+STOPS=${*:-50 100 200 400}
 D=datasets/smollm2-135m-instruct
 R=runs/data-curve
 DATA=""
 for s in v3-seed0 v3-seed1 v3-seed2 v4-docs-seed0 v4-docs-seed1 v5-seed3 v5-seed4; do DATA="$DATA --data $R/data/$s"; done
-if [ ! -d $R/data ]; then  # a frozen copy: the kept sets keep growing while this runs
-  mkdir -p $R/data && for s in v3-seed0 v3-seed1 v3-seed2 v4-docs-seed0 v4-docs-seed1 v5-seed3 v5-seed4; do cp -r $D/$s $R/data/; done
+if [ ! -d $R/data ]; then  # a frozen copy of the first FRACTION of every kept set's shards
+  python reports/data-curve/freeze.py ${FRACTION:-0.4} $R/data $D/{v3-seed0,v3-seed1,v3-seed2,v4-docs-seed0,v4-docs-seed1,v5-seed3,v5-seed4}
 fi
 for S in $STOPS; do
   [ -f $R/heads/step$S/mtp_head.json ] && continue
