@@ -26,16 +26,14 @@ Candidates:
   (AVX2-only CPUs: MKL's GEMM paths change with the row count), the only exact choice, and
   there faster than MKL's one-row GEMV as well; in bf16 there, where torch emulates bf16
   matmuls, several times faster than torch's.
-  A model whose attention scores are soft-capped (Gemma 2: cap * tanh(scores / cap)) chooses
-  between "manual" and "kqt" only: the fused kernel has no step between the scores and the
-  softmax.
+A model whose attention scores are soft-capped (Gemma 2: cap * tanh(scores / cap)) never uses
+"sdpa": the fused kernel has no step between the scores and the softmax.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import time
 from collections.abc import Callable
@@ -190,19 +188,9 @@ def _check_attention(kind: str, dtype: torch.dtype, H: int, Hk: int, hd: int, S:
 
 
 def _cache_file(dtype: torch.dtype, key: str) -> Path:
-    root = Path(os.environ.get("MTPSPEC_CACHE", Path.home() / ".cache" / "mtpspec"))
-    ident = f"{platform.machine()}|{platform.processor()}|{_cpu_model()}|{torch.__version__}|{torch.get_num_threads()}|{dtype}|{key}"
-    return root / f"kernels-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    cpu = native.cpuinfo("model name")
+    ident = f"{platform.machine()}|{platform.processor()}|{cpu}|{torch.__version__}|{torch.get_num_threads()}|{dtype}|{key}"
+    return native.cache_dir() / f"kernels-{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
 
 
 def choose_plan(dtype: torch.dtype, linear_shapes: dict[tuple[int, int], int], heads: tuple[int, int, int],

@@ -12,6 +12,7 @@ in fp32; in bf16 (fp32 arithmetic on bf16 operands) they read half the bytes aga
 
 Nothing here is required: without a compiler, on another CPU, or with MTPSPEC_NATIVE=0,
 `library()` is None and `kernels.choose_plan` never offers these kernels (`reason()` says why).
+The library is built once per source, compiler and flags, and loaded once per process.
 """
 
 from __future__ import annotations
@@ -29,28 +30,36 @@ import torch
 
 SOURCE = Path(__file__).with_name("rowdot.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
-_why: list[str] = []
+DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _cpu_flags() -> set[str]:
+def cache_dir() -> Path:
+    """Where mtpspec keeps what it measured or built for this machine (kernel plans, this library)."""
+    return Path(os.environ.get("MTPSPEC_CACHE", Path.home() / ".cache" / "mtpspec"))
+
+
+def cpuinfo(field: str) -> str:
+    """The value of a /proc/cpuinfo field for the first CPU ("" where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return set()
+    return ""
 
 
-def _build() -> ctypes.CDLL | None:
+@functools.cache
+def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
+    """(the compiled library, None), or (None, why not)."""
     if os.environ.get("MTPSPEC_NATIVE", "1") == "0":
-        return _fail("disabled by MTPSPEC_NATIVE=0")
-    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= _cpu_flags():
-        return _fail("the CPU has no AVX2 + FMA")
+        return None, "disabled by MTPSPEC_NATIVE=0"
+    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= set(cpuinfo("flags").split()):
+        return None, "the CPU has no AVX2 + FMA"
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        return _fail("no C compiler (cc / gcc / $CC) on PATH")
-    root = Path(os.environ.get("MTPSPEC_CACHE", Path.home() / ".cache" / "mtpspec"))
+        return None, "no C compiler (cc / gcc / $CC) on PATH"
+    root = cache_dir()
     tag = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *FLAGS)).encode()).hexdigest()[:16]
     lib = root / f"rowdot-{tag}.so"
     if not lib.is_file():
@@ -61,42 +70,33 @@ def _build() -> ctypes.CDLL | None:
             tmp.replace(lib)  # atomic: another process may be building the same file
         except (OSError, subprocess.SubprocessError) as e:
             err = getattr(e, "stderr", b"") or b""
-            return _fail(f"compiling {SOURCE.name} failed: {e} {err.decode(errors='replace')[-300:]}")
+            return None, f"compiling {SOURCE.name} failed: {e} {err.decode(errors='replace')[-300:]}"
     # torch is imported, so the library's libgomp.so.1 resolves to torch's own copy: one
     # OpenMP runtime and one thread pool, sized by torch.set_num_threads.
     try:
         so = ctypes.CDLL(str(lib))
     except OSError as e:
-        return _fail(f"loading {lib} failed: {e}")
+        return None, f"loading {lib} failed: {e}"
     for name in ("rowdot_f32", "rowdot_bf16", "rowdot_bf16_f32", "mix_f32", "mix_bf16"):
         fn = getattr(so, name)
         fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4 + [ctypes.c_long] * 3
         fn.restype = None
-    return so
+    return so, None
 
 
-def _fail(why: str) -> None:
-    _why.append(why)
-    return None
-
-
-@functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernels, or None where they cannot run here (see `reason`)."""
-    return _build()
+    return _loaded()[0]
 
 
 def reason() -> str | None:
     """Why the native kernels are unavailable, or None if they are available."""
-    return None if library() is not None else (_why[-1] if _why else "unavailable")
-
-
-DTYPES = (torch.float32, torch.bfloat16)
+    return _loaded()[1]
 
 
 def _check(dtype: torch.dtype, *ts: torch.Tensor) -> None:
     for t in ts:
-        if t.dtype != dtype or t.device.type != "cpu":
+        if dtype not in DTYPES or t.dtype != dtype or t.device.type != "cpu":
             raise ValueError(f"the native kernels take fp32 or bf16 CPU tensors, all {dtype}; got {t.dtype} on {t.device}")
 
 
@@ -105,8 +105,6 @@ def rowdot(x: torch.Tensor, w: torch.Tensor, fp32_out: bool = False) -> torch.Te
     bf16 operands (fp32 arithmetic), the result in their dtype or, with fp32_out, in fp32."""
     so = library()
     assert so is not None, reason()
-    if x.dtype not in DTYPES:
-        raise ValueError(f"the native kernels take fp32 or bf16 CPU tensors, got {x.dtype}")
     _check(x.dtype, x, w)
     x, w = x.contiguous(), w.contiguous()
     xb, wb = (x, w) if x.dim() == 3 else (x[None], w[None])
@@ -125,8 +123,6 @@ def mix(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     so = library()
     assert so is not None, reason()
     _check(torch.float32, p)
-    if v.dtype not in DTYPES:
-        raise ValueError(f"the native kernels take fp32 or bf16 CPU tensors, got {v.dtype}")
     _check(v.dtype, v)
     p, v = p.contiguous(), v.contiguous()
     B, R, S = p.shape
@@ -134,5 +130,6 @@ def mix(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     if D % 8 or D > 256:
         raise ValueError(f"mix needs a head dim that is a multiple of 8, at most 256; got {D}")
     y = v.new_empty(B, R, D)
-    (so.mix_f32 if v.dtype == torch.float32 else so.mix_bf16)(p.data_ptr(), v.data_ptr(), y.data_ptr(), B, R, S, D, R * S, S * D, R * D)
+    fn = so.mix_f32 if v.dtype == torch.float32 else so.mix_bf16
+    fn(p.data_ptr(), v.data_ptr(), y.data_ptr(), B, R, S, D, R * S, S * D, R * D)
     return y
