@@ -4,7 +4,6 @@ not cache and train on all of them).
     python reports/data-curve/freeze.py FRACTION OUT_DIR SET_DIR...
 """
 
-import json
 import math
 import shutil
 import sys
