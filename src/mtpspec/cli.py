@@ -416,11 +416,11 @@ def bench(
     dt_name = str(tgt.dtype).removeprefix("torch.")
     info = environment_info(cfg, loaded.name, dt_name, prompts, choice.source if choice else "-", assistant, draft_model, now)
     info["hf_dtype"] = str(hf_torch_dtype).removeprefix("torch.")
-    info["kernels"] = str(tgt.plan)
+    info["kernels"] = "fused (one C call per forward, core/fused.py)" if tgt.engine == "fused" else str(tgt.plan)
     inputs = [chat_ids(loaded.tokenizer, p.text) for p in plist]
     result = run_bench(cfg, method_list, plist, inputs, info, notes, progress)
     write_report(result, out)
-    typer.echo(f"mtpspec in {dt_name}, HF's methods in {info['hf_dtype']}, {info['threads']} threads")
+    typer.echo(f"mtpspec in {dt_name} ({tgt.engine} forward), HF's methods in {info['hf_dtype']}, {info['threads']} threads")
     for m in result.methods:
         typer.echo(summary_line(result, m))
     cost = verify_cost_line(result)

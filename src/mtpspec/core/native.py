@@ -49,34 +49,43 @@ def cpuinfo(field: str) -> str:
     return ""
 
 
+def build(source: Path, flags: tuple[str, ...], cpu_flags: set[str]) -> tuple[ctypes.CDLL | None, str | None]:
+    """(`source` compiled with `flags` and loaded, None), or (None, why not): the CPU lacks one of
+    `cpu_flags`, there is no compiler, or compiling or loading failed. Built once per source,
+    compiler and flags into the cache dir (an atomic rename: processes may race)."""
+    if platform.machine() not in ("x86_64", "AMD64") or not cpu_flags <= set(cpuinfo("flags").split()):
+        return None, f"the CPU lacks one of {', '.join(sorted(cpu_flags))}"
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None, "no C compiler (cc / gcc / $CC) on PATH"
+    root = cache_dir()
+    tag = hashlib.sha256(source.read_bytes() + " ".join((cc, *flags)).encode()).hexdigest()[:16]
+    lib = root / f"{source.stem}-{tag}.so"
+    if not lib.is_file():
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+            subprocess.run([cc, *flags, str(source), "-o", str(tmp)], check=True, capture_output=True, timeout=120)
+            tmp.replace(lib)  # atomic: another process may be building the same file
+        except (OSError, subprocess.SubprocessError) as e:
+            err = getattr(e, "stderr", b"") or b""
+            return None, f"compiling {source.name} failed: {e} {err.decode(errors='replace')[-300:]}"
+    # torch is imported, so the library's libgomp.so.1 resolves to torch's own copy: one
+    # OpenMP runtime and one thread pool, sized by torch.set_num_threads.
+    try:
+        return ctypes.CDLL(str(lib)), None
+    except OSError as e:
+        return None, f"loading {lib} failed: {e}"
+
+
 @functools.cache
 def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
     """(the compiled library, None), or (None, why not)."""
     if os.environ.get("MTPSPEC_NATIVE", "1") == "0":
         return None, "disabled by MTPSPEC_NATIVE=0"
-    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= set(cpuinfo("flags").split()):
-        return None, "the CPU has no AVX2 + FMA"
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return None, "no C compiler (cc / gcc / $CC) on PATH"
-    root = cache_dir()
-    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join((cc, *FLAGS)).encode()).hexdigest()[:16]
-    lib = root / f"rowdot-{tag}.so"
-    if not lib.is_file():
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-            subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp)], check=True, capture_output=True, timeout=120)
-            tmp.replace(lib)  # atomic: another process may be building the same file
-        except (OSError, subprocess.SubprocessError) as e:
-            err = getattr(e, "stderr", b"") or b""
-            return None, f"compiling {SOURCE.name} failed: {e} {err.decode(errors='replace')[-300:]}"
-    # torch is imported, so the library's libgomp.so.1 resolves to torch's own copy: one
-    # OpenMP runtime and one thread pool, sized by torch.set_num_threads.
-    try:
-        so = ctypes.CDLL(str(lib))
-    except OSError as e:
-        return None, f"loading {lib} failed: {e}"
+    so, why = build(SOURCE, FLAGS, {"avx2", "fma"})
+    if so is None:
+        return None, why
     for name in ("rowdot_f32", "rowdot_bf16", "rowdot_bf16_f32", "mix_f32", "mix_bf16"):
         fn = getattr(so, name)
         fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4 + [ctypes.c_long] * 3

@@ -53,6 +53,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..errors import InputError, UnsupportedModelError
+from . import fused
 from .kernels import KernelPlan, attention, choose_plan, linear
 
 # model_type -> human name. All run the one code path in `Target.forward`, their quirks read
@@ -329,7 +330,11 @@ def _rope_tables_per_layer(cfg: object) -> list[str] | None:
 class Target:
     """A frozen HF causal LM with the operations speculative decoding needs."""
 
-    def __init__(self, model: PreTrainedModel, plan: KernelPlan | None = None):
+    def __init__(self, model: PreTrainedModel, plan: KernelPlan | None = None, engine: str = "auto"):
+        """engine: "auto" runs the whole forward as one C call (`fused.py`) where the model,
+        dtype and CPU allow it, else op by op through torch; "torch" always op by op."""
+        if engine not in ("auto", "torch"):
+            raise InputError(f"engine must be 'auto' or 'torch', not {engine!r}")
         if isinstance(model, Target):
             raise InputError("Target() got a Target; pass the Hugging Face model.")
         cfg = getattr(model, "config", None)
@@ -369,6 +374,8 @@ class Target:
         self.attn_softcap = _float_or_none(getattr(cfg, "attn_logit_softcapping", None))
         self.final_softcap = _float_or_none(getattr(cfg, "final_logit_softcapping", None))
         self._plans: dict[torch.dtype, KernelPlan] = {} if plan is None else {self.dtype: plan}
+        self._engine_choice = engine
+        self._fused: tuple[torch.dtype, fused.FusedForward | None] | None = None  # (for dtype, the fused forward)
 
     def _norm(self, module: nn.Module) -> Norm:
         """A Llama-style RMSNorm as one fused call; any other norm through its own module."""
@@ -534,6 +541,23 @@ class Target:
                                                   on_cpu=self.device.type == "cpu")
         return self._plans[self.dtype]
 
+    @property
+    def engine(self) -> str:
+        """"fused" (the whole forward as one C call, `fused.py`) or "torch" (op by op)."""
+        return "torch" if self._fused_forward() is None else "fused"
+
+    def engine_reason(self) -> str | None:
+        """Why the fused forward does not run this target (None when it does)."""
+        if self._engine_choice == "torch":
+            return "engine='torch' was asked for"
+        return fused.unsupported(self)
+
+    def _fused_forward(self) -> fused.FusedForward | None:
+        if self._fused is None or self._fused[0] != self.dtype or (self._fused[1] is not None and not self._fused[1].current()):
+            ok = self._engine_choice == "auto" and fused.unsupported(self) is None
+            self._fused = (self.dtype, fused.FusedForward(self) if ok else None)
+        return self._fused[1]
+
     def layer_index(self, i: int) -> int:
         """Resolve a possibly negative decoder-layer index."""
         j = i % self.num_layers if -self.num_layers <= i < self.num_layers else None
@@ -590,6 +614,9 @@ class Target:
             raise InputError(f"mtpspec decodes one sequence at a time; got a batch of {B}.")
         if any(L.stale() for L in self._layers):  # the model was cast or given new weights since
             self._layers = [self._read_layer(i, layer) for i, layer in enumerate(self.model.model.layers)]
+            self._fused = None
+        if (run := self._fused_forward()) is not None:
+            return run(input_ids, cache, hidden_layers, positions, tree_mask, logits_to_keep)
         start = cache.length
         cache.reserve(start + T)
         S = cache.capacity

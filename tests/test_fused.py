@@ -1,0 +1,160 @@
+"""The fused bf16 forward (core/fused.c): one C call that computes what the op-by-op torch path
+computes, up to the order of fp32 sums, with every row independent of the others, so a verify
+pass (chain or tree) equals one-token passes bit for bit. Skipped with the reason where the
+CPU or the compiler cannot run it."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+from conftest import OracleDrafter, tiny_model
+
+import mtpspec
+from mtpspec.core import fused
+from mtpspec.core.tree import tree_mask
+
+pytestmark = pytest.mark.skipif(fused.reason() is not None, reason=f"no fused forward here: {fused.reason()}")
+
+FUSED_FAMILIES = ("llama", "qwen2", "mistral")
+
+
+def _model(family: str, **overrides):
+    return tiny_model(family, **overrides).to(torch.bfloat16)
+
+
+def _matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    so = fused._loaded()[0]
+    y = torch.empty(x.shape[0], w.shape[0])
+    so.fused_matmul(x.data_ptr(), x.shape[0], x.shape[1], w.data_ptr(), w.shape[0], y.data_ptr(), torch.get_num_threads())
+    return y
+
+
+@pytest.fixture(params=["amx", "avx512"])
+def kernel(request):
+    """Each test runs on the AMX tiles (where the CPU has them) and on AVX-512 dot products."""
+    so = fused._loaded()[0]
+    if request.param == "amx" and not fused.uses_amx():
+        pytest.skip("no AMX here")
+    so.fused_init(int(request.param == "amx"))
+    yield request.param
+    so.fused_init(int(fused.uses_amx()))
+
+
+@pytest.mark.parametrize("shape", [(64, 32), (96, 576), (100, 40), (49, 33)])  # AMX-eligible and not
+def test_matmul_is_a_matmul_whose_rows_do_not_depend_on_each_other(kernel, shape):
+    n_out, n_in = shape
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(n_out, n_in, generator=g).bfloat16()
+    x = torch.randn(20, n_in, generator=g).bfloat16()
+    ref = x.double() @ w.double().T
+    together = _matmul(x, w)
+    assert torch.allclose(together.double(), ref, rtol=1e-4, atol=1e-4 * n_in**0.5)
+    for r in (1, 2, 5, 16, 17, 20):  # one tile's rows, and more than one tile
+        part = _matmul(x[:r].contiguous(), w)
+        assert torch.equal(part, together[:r]), r
+    for i in range(20):
+        assert torch.equal(_matmul(x[i:i + 1].contiguous(), w), together[i:i + 1]), i
+
+
+@pytest.mark.parametrize("family", FUSED_FAMILIES)
+def test_fused_forward_computes_what_the_torch_path_computes(family, kernel):
+    model = _model(family)
+    fast, slow = mtpspec.Target(model), mtpspec.Target(model, engine="torch")
+    assert fast.engine == "fused" and slow.engine == "torch"
+    ids = torch.randint(4, 97, (1, 40), generator=torch.Generator().manual_seed(1))
+    cf, cs = fast.new_cache(64), slow.new_cache(64)
+    a = fast.forward(ids, cf, hidden_layers=(0, 1, -1))
+    b = slow.forward(ids, cs, hidden_layers=(0, 1, -1))
+    assert a.logits.shape == b.logits.shape and a.hidden.shape == b.hidden.shape
+    scale = b.logits.abs().max()
+    assert (a.logits - b.logits).abs().max() <= 0.05 * scale  # bf16 rounding, not a different model
+    assert (a.hidden.float() - b.hidden.float()).abs().max() <= 0.05 * b.hidden.float().abs().max()
+    assert torch.equal(a.hidden[..., :32], b.hidden[..., :32])  # the embeddings themselves
+    assert (a.logits.argmax(-1) == b.logits.argmax(-1)).float().mean() >= 0.9
+    assert cf.length == cs.length == 40
+    assert (cf.keys.float() - cs.keys.float()).abs().max() <= 0.05 * cs.keys.float().abs().max()
+
+
+@pytest.mark.parametrize("family", FUSED_FAMILIES)
+def test_a_verify_pass_equals_one_token_passes_bit_for_bit(family, kernel):
+    t = mtpspec.Target(_model(family))
+    ids = torch.randint(4, 97, (1, 30), generator=torch.Generator().manual_seed(2))
+    new = torch.randint(4, 97, (1, 9), generator=torch.Generator().manual_seed(3))
+    c1, c2 = t.new_cache(128), t.new_cache(128)
+    t.forward(ids, c1)
+    t.forward(ids, c2)
+    together = t.forward(new, c1, hidden_layers=(-2, -1))
+    alone = [t.forward(new[:, i:i + 1], c2, hidden_layers=(-2, -1)) for i in range(9)]
+    for i, one in enumerate(alone):
+        assert torch.equal(together.logits[0, i], one.logits[0, 0]), i
+        assert torch.equal(together.hidden[0, i], one.hidden[0, 0]), i
+    assert torch.equal(c1.keys, c2.keys) and torch.equal(c1.values, c2.values)
+
+
+def test_a_tree_row_equals_decoding_its_path_one_token_at_a_time(kernel):
+    """Each tree row attends its ancestors where they lie in the cache: no copies, and the same
+    bits as plain decoding of its path (which sees them in depth order right after the prompt)."""
+    t = mtpspec.Target(_model("llama"))
+    ids = torch.randint(4, 97, (1, 20), generator=torch.Generator().manual_seed(4))
+    parents = [-1, 0, 1, -1, 3, 0, 5]  # drafts under the root row: a spine 0-1-2, branches 3-4 and 5-6
+    toks = torch.randint(4, 97, (1, len(parents) + 1), generator=torch.Generator().manual_seed(5))
+    mask = tree_mask(parents)
+    depth = mask.sum(-1) - 1
+    c = t.new_cache(64)
+    t.forward(ids, c)
+    tree = t.forward(toks, c, positions=20 + depth, tree_mask=mask)
+    for r in range(len(parents) + 1):
+        path = mask[r].nonzero()[:, 0]
+        cp = t.new_cache(64)
+        t.forward(ids, cp)
+        out = t.forward(toks[:, path], cp)
+        assert torch.equal(out.logits[0, -1], tree.logits[0, r]), r
+
+
+@pytest.mark.parametrize("family", FUSED_FAMILIES)
+def test_speculative_equals_plain_decoding_through_the_fused_forward(family):
+    model = _model(family)
+    assert mtpspec.Target(model).engine == "fused"
+    ids = torch.randint(4, 97, (1, 17), generator=torch.Generator().manual_seed(6))
+    plain = mtpspec.generate(model, None, ids, max_new_tokens=40, num_draft_tokens=0, eos_token_id=[])
+    for k in (1, 4, 8):
+        oracle = OracleDrafter(plain.sequences[0].tolist(), vocab=97, seed=k)
+        out = mtpspec.generate(model, oracle, ids, max_new_tokens=40, num_draft_tokens=k, eos_token_id=[])
+        assert torch.equal(out.sequences, plain.sequences), k
+        assert out.stats.rounds < 39
+
+
+def test_what_the_fused_forward_does_not_cover_runs_op_by_op_and_says_why():
+    fp32 = mtpspec.Target(tiny_model("llama"))
+    assert fp32.engine == "torch" and "bf16" in fp32.engine_reason()
+    qwen3 = mtpspec.Target(tiny_model("qwen3").to(torch.bfloat16))
+    assert qwen3.engine == "torch" and "qwen3" in qwen3.engine_reason()
+    asked = mtpspec.Target(_model("llama"), engine="torch")
+    assert asked.engine == "torch" and "torch" in asked.engine_reason()
+    with pytest.raises(mtpspec.InputError, match="engine"):
+        mtpspec.Target(_model("llama"), engine="cuda")
+
+
+def test_a_model_given_new_weights_after_wrapping_is_read_again():
+    model = _model("llama")
+    t = mtpspec.Target(model)
+    ids = torch.randint(4, 97, (1, 12), generator=torch.Generator().manual_seed(7))
+    before = t.forward(ids, t.new_cache(64)).logits
+    for layer in model.model.layers:  # a weight, a norm: each swapped in
+        layer.mlp.gate_proj.weight.data = torch.randn_like(layer.mlp.gate_proj.weight)
+        after = t.forward(ids, t.new_cache(64)).logits
+        fresh = mtpspec.Target(model).forward(ids, mtpspec.Target(model).new_cache(64)).logits
+        assert not torch.equal(before, after) and torch.equal(after, fresh)
+        layer.post_attention_layernorm.weight.data = layer.post_attention_layernorm.weight * 2
+        again = t.forward(ids, t.new_cache(64)).logits
+        assert not torch.equal(again, after)
+        assert torch.equal(again, mtpspec.Target(model).forward(ids, mtpspec.Target(model).new_cache(64)).logits)
+        before = again
+
+
+def test_the_library_is_loaded_with_its_entry_points():
+    so = fused._loaded()[0]
+    for name in ("fused_forward", "fused_matmul", "fused_init"):
+        assert isinstance(getattr(so, name), ctypes._CFuncPtr)
