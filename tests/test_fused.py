@@ -158,3 +158,46 @@ def test_the_library_is_loaded_with_its_entry_points():
     so = fused._loaded()[0]
     for name in ("fused_forward", "fused_matmul", "fused_init"):
         assert isinstance(getattr(so, name), ctypes._CFuncPtr)
+
+
+def test_the_fused_head_step_computes_what_the_heads_own_step_computes():
+    """One draft step as one C call: the next state and the logits over the draft vocabulary and
+    a round's extra rows agree with `MTPHead.step` + `project` up to bf16 rounding."""
+    from mtpspec.core.target import signed_sin
+
+    model = _model("llama")
+    t = mtpspec.Target(model)
+    head = mtpspec.MTPHead.for_target(t, mtpspec.HeadConfig(draft_vocab_size=48))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.2)  # not the init's zeros and ones
+    fast = head.fused_step()
+    assert fast is not None
+    ids = torch.randint(4, 97, (1, 25), generator=torch.Generator().manual_seed(8))
+    cache = t.new_cache(64)
+    hidden = t.forward(ids, cache).hidden[:, -1:]  # (1, 1, D)
+    state = head.initial_state(hidden)
+    tok = ids[:, -1:]
+    cos, sin = head.rope(torch.tensor([[25]]), state)  # (1, 1, hd)
+    extra = t.lm_head.weight[60:67]  # (7, D): a round's context tokens outside the draft vocabulary
+    got_state, got = fast.step(state, tok, cos[0, 0], signed_sin(sin[0, 0]), cache, head.kv_layer, extra)
+    keys, values = cache.layer(head.kv_layer)
+    want_state = head.step(state, tok, cos, sin, keys, values, None)
+    want = head.project(t.final_norm(want_state), extra)[:, 0]
+    assert got.shape == want.shape == (1, 48 + 7) and got_state.shape == want_state.shape
+    assert (got_state.float() - want_state.float()).abs().max() <= 0.05 * want_state.float().abs().max()
+    assert (got - want.float()).abs().max() <= 0.05 * want.float().abs().max()
+    assert int(got.argmax()) == int(want.argmax())
+
+
+def test_a_head_drafting_through_the_fused_step_keeps_the_output_exact():
+    model = _model("llama")
+    t = mtpspec.Target(model)
+    head = mtpspec.MTPHead.for_target(t, mtpspec.HeadConfig())
+    assert head.fused_step() is not None
+    ids = torch.randint(4, 97, (1, 15), generator=torch.Generator().manual_seed(9))
+    plain = mtpspec.generate(t, None, ids, max_new_tokens=30, num_draft_tokens=0, eos_token_id=[])
+    out = mtpspec.generate(t, head, ids, max_new_tokens=30, num_draft_tokens=4, eos_token_id=[])
+    assert torch.equal(out.sequences, plain.sequences)
+    fp32 = mtpspec.MTPHead.for_target(mtpspec.Target(tiny_model("llama")), mtpspec.HeadConfig())
+    assert fp32.fused_step() is None and "bf16" in fused.head_unsupported(fp32)

@@ -230,6 +230,35 @@ static void residual(bf16 *x, const float *y, const bf16 *b, int R, int D) {
         }
 }
 
+/* One head of a q/k/v projection's fp32 output: bf16 (+ bias), then RoPE where cos is given:
+ * bf16(bf16(v * cos) + bf16(rotate_half(v) * signed sin)), as apply_rope_signed rounds. */
+static void project_head(const float *yr, const bf16 *b, int hd, const bf16 *cos, const bf16 *sin, bf16 *dst) {
+    float v[256], rot[256];
+    const int half = hd / 2;
+    for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(v + d, biased(yr + d, b ? b + d : NULL, hd - d));
+    if (!cos) {
+        for (int d = 0; d < hd; d += 16) st16(dst + d, ldf(v + d, hd - d), hd - d);
+        return;
+    }
+    memcpy(rot, v + half, sizeof(float) * half);
+    memcpy(rot + half, v, sizeof(float) * half);
+    for (int d = 0; d < hd; d += 16)
+        st16(dst + d, _mm512_add_ps(rb16(_mm512_mul_ps(ldf(v + d, hd - d), ld16(cos + d, hd - d))),
+                                    rb16(_mm512_mul_ps(ldf(rot + d, hd - d), ld16(sin + d, hd - d)))), hd - d);
+}
+
+/* g (R, M) = bf16(bf16(silu(gate)) * up) from a gate/up matmul's fp32 output y (R, 2M) (+ bias) */
+static void swiglu(const float *y, const bf16 *bg, int R, int M, bf16 *g) {
+#pragma omp for schedule(static)
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < M; j += 16) {
+            const float *yr = y + (size_t)r * 2 * M;
+            const __m512 gt = biased(yr + j, bg ? bg + j : NULL, M - j), up = biased(yr + M + j, bg ? bg + M + j : NULL, M - j);
+            const __m512 e = vexp(_mm512_sub_ps(_mm512_setzero_ps(), gt));
+            st16(g + (size_t)r * M + j, _mm512_mul_ps(rb16(_mm512_div_ps(gt, _mm512_add_ps(_mm512_set1_ps(1.0f), e))), up), M - j);
+        }
+}
+
 typedef struct {
     int n_layers, D, H, Hk, hd, M, V, S;
     /* per layer: weights (bf16, row-major (out, in)), biases (NULL = none), norm weights */
@@ -265,12 +294,12 @@ static inline __attribute__((always_inline)) void value_sum(const float *s, floa
 
 /* Attention of rows [0, T) over their slots: committed slots 0..start-1 in order, then
  * start + anc[r * T + a] for a < nanc[r] (its ancestors and itself, in depth order).
- * q (T, H, hd) bf16, out (T, H * hd) bf16. */
-static void attend(const Model *m, int layer, int T, int start, const int *pos, const int *nanc, const int *anc,
+ * K, Vv (Hk, S, hd): one layer of the cache. q (T, H, hd) bf16, out (T, H * hd) bf16.
+ * win > 0: only positions > pos[r] - win are visible. */
+static void attend(const bf16 *K, const bf16 *Vv, int S, int H, int Hk, int hd, float scale, int win,
+                   int T, int start, const int *pos, const int *nanc, const int *anc,
                    const bf16 *q, bf16 *out, float *scratch) {
-    const int H = m->H, Hk = m->Hk, hd = m->hd, S = m->S, g = H / Hk, win = m->window[layer];
-    const float scale = m->scale[layer];
-    const bf16 *K = m->keys + (size_t)layer * Hk * S * hd, *Vv = m->values + (size_t)layer * Hk * S * hd;
+    const int g = H / Hk;
 #pragma omp for schedule(static) collapse(2)
     for (int r = 0; r < T; r++) {
         for (int h = 0; h < H; h++) {
@@ -327,7 +356,7 @@ void fused_forward(const Model *m, bf16 *x, int T, int start, const int *pos, co
                    const bf16 *cos, const bf16 *sin, int nfeat, const int *feat_layers, bf16 *feats,
                    int Tk, float *logits, int nthreads) {
     const int D = m->D, H = m->H, Hk = m->Hk, hd = m->hd, M = m->M, S = m->S;
-    const int Q = (H + 2 * Hk) * hd, half = hd / 2;
+    const int Q = (H + 2 * Hk) * hd;
     const int wide = Q > 2 * M ? Q : 2 * M;
     float *y = malloc(sizeof(float) * (size_t)T * (wide > D ? wide : D));
     bf16 *h = malloc(sizeof(bf16) * (size_t)T * (D > H * hd ? D : H * hd));
@@ -352,40 +381,20 @@ void fused_forward(const Model *m, bf16 *x, int T, int start, const int *pos, co
 #pragma omp for schedule(static) collapse(2)
             for (int r = 0; r < T; r++) {
                 for (int hh = 0; hh < H + 2 * Hk; hh++) { /* one head of q, k or v: bias, RoPE, its place */
-                    float v[256], rot[256];
-                    const float *yr = y + (size_t)r * Q + (size_t)hh * hd;
-                    for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(v + d, biased(yr + d, bq ? bq + hh * hd + d : NULL, hd - d));
                     bf16 *dst = hh < H ? qb + ((size_t)r * H + hh) * hd
                               : hh < H + Hk ? Kl + ((size_t)(hh - H) * S + start + r) * hd
                                             : Vl + ((size_t)(hh - H - Hk) * S + start + r) * hd;
-                    if (hh < H + Hk && m->rope[l]) { /* bf16(bf16(v * cos) + bf16(rotate_half(v) * signed sin)) */
-                        memcpy(rot, v + half, sizeof(float) * half);
-                        memcpy(rot + half, v, sizeof(float) * half);
-                        const bf16 *c = cos + (size_t)r * hd, *sn = sin + (size_t)r * hd;
-                        for (int d = 0; d < hd; d += 16)
-                            st16(dst + d, _mm512_add_ps(rb16(_mm512_mul_ps(ldf(v + d, hd - d), ld16(c + d, hd - d))),
-                                                        rb16(_mm512_mul_ps(ldf(rot + d, hd - d), ld16(sn + d, hd - d)))), hd - d);
-                    } else {
-                        for (int d = 0; d < hd; d += 16) st16(dst + d, ldf(v + d, hd - d), hd - d);
-                    }
+                    project_head(y + (size_t)r * Q + (size_t)hh * hd, bq ? bq + hh * hd : NULL, hd,
+                                 hh < H + Hk && m->rope[l] ? cos + (size_t)r * hd : NULL, sin + (size_t)r * hd, dst);
                 }
             }
-            attend(m, l, T, start, pos, nanc, anc, qb, ab, scratch);
+            attend(Kl, Vl, S, H, Hk, hd, m->scale[l], m->window[l], T, start, pos, nanc, anc, qb, ab, scratch);
             matmul(ab, T, H * hd, m->wo[l], D, y, xv);
             residual(x, y, m->bo[l], T, D);
             /* MLP */
             rms_norm(x, T, D, m->mlp_norm[l], m->mlp_eps[l], h);
             matmul(h, T, D, m->wgu[l], 2 * M, y, xv);
-            const bf16 *bg = m->bgu[l];
-#pragma omp for schedule(static)
-            for (int r = 0; r < T; r++) {
-                for (int j = 0; j < M; j += 16) { /* bf16(bf16(silu(gate)) * up) */
-                    const float *yr = y + (size_t)r * 2 * M;
-                    const __m512 gt = biased(yr + j, bg ? bg + j : NULL, M - j), up = biased(yr + M + j, bg ? bg + M + j : NULL, M - j);
-                    const __m512 e = vexp(_mm512_sub_ps(_mm512_setzero_ps(), gt));
-                    st16(gb + (size_t)r * M + j, _mm512_mul_ps(rb16(_mm512_div_ps(gt, _mm512_add_ps(_mm512_set1_ps(1.0f), e))), up), M - j);
-                }
-            }
+            swiglu(y, m->bgu[l], T, M, gb);
             matmul(gb, T, M, m->wdown[l], D, y, xv);
             residual(x, y, m->bdown[l], T, D);
         }
@@ -415,4 +424,63 @@ void fused_matmul(const bf16 *x, int R, int I, const bf16 *w, int O, float *y, i
 #pragma omp parallel num_threads(nthreads)
     matmul(x, R, I, w, O, y, xv);
     free(xv);
+}
+
+/* The MTP head (head.py) for one draft step of one row, as one call.
+ * Letters: D hidden, H heads of hd (the target's), Hk the target's key/value heads, M the MLP
+ * width per block (0: none), S cache slots, L of them committed, V1 + E vocabulary rows. */
+typedef struct {
+    int D, H, Hk, hd, M, n_blocks;
+    float eps, final_eps;
+    const bf16 *norm_state, *norm_embed, *fc, *final_norm; /* fc (D, 2D) */
+    const bf16 **norm_attn, **wq, **wo, **norm_mlp, **wgu, **wdown; /* per block */
+} Head;
+
+/* state, emb (D): the state and the embedded token; cos, sin (hd) at the step's position (sin
+ * signed as above); keys, values (Hk, S, hd): the target's layer the head reads, slots 0..L-1.
+ * Out: state_out (D) and logits (V1 + E) fp32 (bf16 values) over w_vocab (V1, D) then w_extra
+ * (E, D), from the target's final norm of the new state. */
+void head_step(const Head *h, const bf16 *state, const bf16 *emb, const bf16 *cos, const bf16 *sin,
+               const bf16 *keys, const bf16 *values, int S, int L, const bf16 *w_vocab, int V1,
+               const bf16 *w_extra, int E, bf16 *state_out, float *logits, int nthreads) {
+    const int D = h->D, H = h->H, hd = h->hd, M = h->M, widest = 2 * D > 2 * M ? 2 * D : 2 * M;
+    bf16 *u = malloc(sizeof(bf16) * (size_t)(widest > H * hd ? widest : H * hd));
+    bf16 *q = malloc(sizeof(bf16) * (size_t)H * hd), *a = malloc(sizeof(bf16) * (size_t)H * hd);
+    float *y = malloc(sizeof(float) * (size_t)(widest > H * hd ? widest : H * hd));
+    bf16 *xv = malloc(sizeof(bf16) * 16 * (size_t)(widest > H * hd ? widest : H * hd));
+    float *scratch = malloc(sizeof(float) * (size_t)nthreads * (S + 16));
+    const int none = 0;
+    memcpy(state_out, state, sizeof(bf16) * D);
+    bf16 *x = state_out;
+#pragma omp parallel num_threads(nthreads)
+    {
+        rms_norm(state, 1, D, h->norm_state, h->eps, u); /* u = [norm(state); norm(emb)] (2D) */
+        rms_norm(emb, 1, D, h->norm_embed, h->eps, u + D);
+        matmul(u, 1, 2 * D, h->fc, D, y, xv);
+#pragma omp for schedule(static)
+        for (int d = 0; d < D; d += 16) st16(x + d, rb16(ldf(y + d, D - d)), D - d);
+        for (int b = 0; b < h->n_blocks; b++) {
+            rms_norm(x, 1, D, h->norm_attn[b], h->eps, u);
+            matmul(u, 1, D, h->wq[b], H * hd, y, xv);
+#pragma omp for schedule(static)
+            for (int hh = 0; hh < H; hh++) project_head(y + (size_t)hh * hd, NULL, hd, cos, sin, q + (size_t)hh * hd);
+            /* every committed slot, no new rows: row 0 at "start" L with no ancestors */
+            attend(keys, values, S, H, h->Hk, hd, 1.0f / sqrtf((float)hd), 0, 1, L, &L, &none, &none, q, a, scratch);
+            matmul(a, 1, H * hd, h->wo[b], D, y, xv);
+            residual(x, y, NULL, 1, D);
+            if (M > 0) {
+                rms_norm(x, 1, D, h->norm_mlp[b], h->eps, u);
+                matmul(u, 1, D, h->wgu[b], 2 * M, y, xv);
+                swiglu(y, NULL, 1, M, u); /* u now holds the gate product (M) */
+                matmul(u, 1, M, h->wdown[b], D, y, xv);
+                residual(x, y, NULL, 1, D);
+            }
+        }
+        rms_norm(x, 1, D, h->final_norm, h->final_eps, u);
+        matmul(u, 1, D, w_vocab, V1, logits, xv);
+        if (E > 0) matmul(u, 1, D, w_extra, E, logits + V1, xv);
+#pragma omp for schedule(static)
+        for (int i = 0; i < V1 + E; i += 16) _mm512_mask_storeu_ps(logits + i, m16(V1 + E - i), rb16(ldf(logits + i, V1 + E - i)));
+    }
+    free(u); free(q); free(a); free(y); free(xv); free(scratch);
 }

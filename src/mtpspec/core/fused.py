@@ -34,6 +34,7 @@ from torch import nn
 from . import native
 
 if TYPE_CHECKING:
+    from .head import MTPHead
     from .target import KVCache, Target, TargetStep
 
 SOURCE = Path(__file__).with_name("fused.c")
@@ -55,6 +56,13 @@ class _Model(ctypes.Structure):
     ]
 
 
+class _Head(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int) for n in ("D", "H", "Hk", "hd", "M", "n_blocks")] + [
+        ("eps", ctypes.c_float), ("final_eps", ctypes.c_float)] + [
+        (n, _P) for n in ("norm_state", "norm_embed", "fc", "final_norm")] + [
+        (n, ctypes.POINTER(_P)) for n in ("norm_attn", "wq", "wo", "norm_mlp", "wgu", "wdown")]
+
+
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, bool, str | None]:
     """(the library, whether its matmuls run on AMX, None), or (None, False, why not)."""
@@ -68,6 +76,9 @@ def _library() -> tuple[ctypes.CDLL | None, bool, str | None]:
     so.fused_forward.restype = None
     so.fused_matmul.argtypes = [_P, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P, ctypes.c_int]
     so.fused_matmul.restype = None
+    so.head_step.argtypes = [ctypes.POINTER(_Head)] + [_P] * 6 + [ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P,
+                                                                 ctypes.c_int, _P, _P, ctypes.c_int]
+    so.head_step.restype = None
     # AMX where the CPU has it (and MTPSPEC_AMX is not 0): once per process, so every forward
     # of the process runs the same matmul kernel
     want_amx = {"amx_tile", "amx_bf16"} <= set(native.cpuinfo("flags").split()) and os.environ.get("MTPSPEC_AMX", "1") != "0"
@@ -111,8 +122,36 @@ def unsupported(target: Target) -> str | None:
     return None
 
 
-def _ptrs(ts: list[torch.Tensor | None]) -> ctypes.Array:
-    return (_P * len(ts))(*[None if t is None else t.data_ptr() for t in ts])
+class _Weights:
+    """Pointers into a model's weights for a C struct, with what keeps them valid: each tensor's
+    storage is held (a parameter given new data never frees what C reads), and `current` says
+    whether every parameter still holds the data that was read."""
+
+    def __init__(self) -> None:
+        self.read: list[tuple[torch.Tensor, int]] = []  # (parameter, the data_ptr read)
+        self.keep: list[object] = []  # tensors and ctypes arrays the struct points into
+
+    def ptr(self, t: torch.Tensor | None) -> int | None:
+        if t is None:
+            return None
+        if t.dtype != torch.bfloat16 or not t.is_contiguous():
+            raise ValueError("the fused kernels read contiguous bf16 weights in place")
+        self.read.append((t, t.data_ptr()))
+        self.keep.append(t.detach())
+        return t.data_ptr()
+
+    def table(self, ts: list[torch.Tensor | None]) -> ctypes._Pointer:
+        arr = (_P * len(ts))(*[self.ptr(t) for t in ts])
+        self.keep.append(arr)
+        return ctypes.cast(arr, ctypes.POINTER(_P))
+
+    def array(self, ctype: type, vals: list) -> ctypes._Pointer:
+        arr = (ctype * len(vals))(*vals)
+        self.keep.append(arr)
+        return ctypes.cast(arr, ctypes.POINTER(ctype))
+
+    def current(self) -> bool:
+        return all(p.data_ptr() == ptr for p, ptr in self.read)
 
 
 class FusedForward:
@@ -120,64 +159,32 @@ class FusedForward:
     set of weights: `Target` rebuilds it when its layers are read again)."""
 
     def __init__(self, target: Target):
+        from .target import _eps
+
         self.target = target
         mods = target.model.model
         layers = list(mods.layers)
-        self._keep: list[object] = []  # every tensor and array the C struct points into
-
-        self._read: list[tuple[torch.Tensor, int]] = []  # (parameter, the data_ptr read): see `current`
-
-        def w(t: torch.Tensor | None) -> torch.Tensor | None:
-            if t is None:
-                return None
-            self._read.append((t, t.data_ptr()))
-            t = t.detach()  # holds the storage: a parameter given new data never frees what C reads
-            if not t.is_contiguous():
-                raise ValueError("the fused forward reads weights in place; a weight is not contiguous")
-            self._keep.append(t)
-            return t
-
         Ls = target._layers
-        tabs = {
-            "attn_norm": [w(lay.input_layernorm.weight) for lay in layers],
-            "mlp_norm": [w(lay.post_attention_layernorm.weight) for lay in layers],
-            "wqkv": [w(L.qkv[0]) for L in Ls], "bqkv": [w(L.qkv[1]) for L in Ls],
-            "wo": [w(L.o[0]) for L in Ls], "bo": [w(L.o[1]) for L in Ls],
-            "wgu": [w(L.gate_up[0]) for L in Ls], "bgu": [w(L.gate_up[1]) for L in Ls],
-            "wdown": [w(L.down[0]) for L in Ls], "bdown": [w(L.down[1]) for L in Ls],
-        }
-        from .target import _eps
-
-        floats = {
-            "attn_eps": [_eps(lay.input_layernorm) for lay in layers],
-            "mlp_eps": [_eps(lay.post_attention_layernorm) for lay in layers],
-            "scale": [L.scale for L in Ls],
-        }
-        ints = {"rope": [int(L.rope is not None) for L in Ls], "window": [int(wd or 0) for wd in target.windows]}
+        self.weights = W = _Weights()
         m = _Model(n_layers=len(Ls), D=target.hidden_size, H=target.num_heads, Hk=target.num_kv_heads,
                    hd=target.head_dim, M=int(Ls[0].gate_up[0].shape[0]) // 2, V=target.vocab_size, S=0)
-        for name, ts in tabs.items():
-            arr = _ptrs(ts)
-            self._keep.append(arr)
-            setattr(m, name, ctypes.cast(arr, ctypes.POINTER(_P)))
-        for name, vals in floats.items():
-            arr = (ctypes.c_float * len(vals))(*vals)
-            self._keep.append(arr)
-            setattr(m, name, ctypes.cast(arr, ctypes.POINTER(ctypes.c_float)))
-        for name, vals in ints.items():
-            arr = (ctypes.c_int * len(vals))(*vals)
-            self._keep.append(arr)
-            setattr(m, name, ctypes.cast(arr, ctypes.POINTER(ctypes.c_int)))
-        m.final_norm = w(mods.norm.weight).data_ptr()
-        m.final_eps = _eps(mods.norm)
-        m.lm_w = w(target.lm_head.weight).data_ptr()
-        lm_b = w(target.lm_head.bias)
-        m.lm_b = None if lm_b is None else lm_b.data_ptr()
+        m.attn_norm = W.table([lay.input_layernorm.weight for lay in layers])
+        m.mlp_norm = W.table([lay.post_attention_layernorm.weight for lay in layers])
+        for name, attr in (("qkv", "qkv"), ("o", "o"), ("gu", "gate_up"), ("down", "down")):
+            setattr(m, "w" + name, W.table([getattr(L, attr)[0] for L in Ls]))
+            setattr(m, "b" + name, W.table([getattr(L, attr)[1] for L in Ls]))
+        m.attn_eps = W.array(ctypes.c_float, [_eps(lay.input_layernorm) for lay in layers])
+        m.mlp_eps = W.array(ctypes.c_float, [_eps(lay.post_attention_layernorm) for lay in layers])
+        m.scale = W.array(ctypes.c_float, [L.scale for L in Ls])
+        m.rope = W.array(ctypes.c_int, [int(L.rope is not None) for L in Ls])
+        m.window = W.array(ctypes.c_int, [int(wd or 0) for wd in target.windows])
+        m.final_norm, m.final_eps = W.ptr(mods.norm.weight), _eps(mods.norm)
+        m.lm_w, m.lm_b = W.ptr(target.lm_head.weight), W.ptr(target.lm_head.bias)
         self.model = m
 
     def current(self) -> bool:
         """False once any weight read here was given new data (`param.data = ...`, a cast)."""
-        return all(p.data_ptr() == ptr for p, ptr in self._read)
+        return self.weights.current()
 
     def __call__(self, input_ids: torch.Tensor, cache: KVCache, hidden_layers: tuple[int, ...],
                  positions: torch.Tensor | None, tree_mask: torch.Tensor | None, logits_to_keep: int) -> TargetStep:
@@ -224,3 +231,66 @@ class FusedForward:
 def is_silu(act: nn.Module) -> bool:
     """SiLU as torch or transformers names its module."""
     return type(act).__name__ in ("SiLU", "SiLUActivation")
+
+
+def head_unsupported(head: MTPHead) -> str | None:
+    """Why `head` cannot draft through the fused head step, or None if it can."""
+    if head.target.engine != "fused":
+        return f"its target runs op by op ({head.target.engine_reason()})"
+    blocks = list(head.blocks)
+    if head.fc.weight.dtype != torch.bfloat16 or head.fc.weight.device.type != "cpu":
+        return "the fused head step runs a bf16 head on the CPU"
+    if len({b.mlp_hidden for b in blocks}) > 1 or any(b.H != head.target.num_heads or b.hd != head.target.head_dim for b in blocks):
+        return "the fused head step needs blocks of one shape with the target's heads"
+    return None
+
+
+class FusedHead:
+    """`MTPHead.step` + `project` for one row as one C call (`head_step` in fused.c): the same
+    computation, rounded as a bf16 torch run rounds it, up to the order of fp32 sums."""
+
+    def __init__(self, head: MTPHead):
+        from .target import _eps
+
+        tgt = head.target
+        blocks = list(head.blocks)
+        self.head, self.weights = head, (W := _Weights())
+        M = blocks[0].mlp_hidden if blocks else 0
+        h = _Head(D=tgt.hidden_size, H=tgt.num_heads, Hk=tgt.num_kv_heads, hd=tgt.head_dim, M=M, n_blocks=len(blocks),
+                  eps=head.norm_state.eps, final_eps=_eps(tgt.final_norm))
+        h.norm_state, h.norm_embed = W.ptr(head.norm_state.weight), W.ptr(head.norm_embed.weight)
+        h.fc, h.final_norm = W.ptr(head.fc.weight), W.ptr(tgt.final_norm.weight)
+        h.norm_attn = W.table([b.norm_attn.weight for b in blocks])
+        h.wq, h.wo = W.table([b.q_proj.weight for b in blocks]), W.table([b.o_proj.weight for b in blocks])
+        h.norm_mlp = W.table([b.norm_mlp.weight if M else None for b in blocks])
+        h.wgu = W.table([b.gate_up.weight if M else None for b in blocks])
+        h.wdown = W.table([b.down.weight if M else None for b in blocks])
+        self.vocab = head.draft_weight if head.draft_weight is not None else tgt.lm_head.weight  # (V1, D)
+        W.ptr(self.vocab)
+        self.struct = h
+
+    def current(self) -> bool:
+        return self.weights.current()
+
+    def step(self, state: torch.Tensor, token: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+             cache: KVCache, layer: int, extra: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(1, 1, D) state, (1, 1) token, (hd,) rotary table at its position -> the next state
+        (1, 1, D) and logits (1, V1 + E) over the draft vocabulary then `extra` (E, D) rows."""
+        so = _loaded()[0]
+        assert so is not None
+        tgt = self.head.target
+        state = state.contiguous()
+        emb = tgt.embed_tokens(token).to(torch.bfloat16).contiguous()  # (1, 1, D)
+        cos, sin_signed = cos.to(torch.bfloat16).contiguous(), sin_signed.to(torch.bfloat16).contiguous()
+        E = 0 if extra is None else int(extra.shape[0])
+        if extra is not None:
+            extra = extra.contiguous()
+        V1 = int(self.vocab.shape[0])
+        out = torch.empty_like(state)
+        logits = torch.empty(1, V1 + E, dtype=torch.float32)
+        keys, values = cache.keys[layer], cache.values[layer]  # (Hk, S, hd): contiguous layers of the cache
+        so.head_step(ctypes.byref(self.struct), state.data_ptr(), emb.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
+                     keys.data_ptr(), values.data_ptr(), cache.capacity, cache.length, self.vocab.data_ptr(), V1,
+                     None if extra is None else extra.data_ptr(), E, out.data_ptr(), logits.data_ptr(),
+                     torch.get_num_threads())
+        return out, tgt.finish_logits(logits)

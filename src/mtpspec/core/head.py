@@ -33,10 +33,11 @@ from torch import nn
 
 from ..config import HeadConfig, SamplingConfig
 from ..errors import HeadMismatchError, InputError
+from . import fused
 from .draft import Draft, DraftInput
 from .kernels import linear
 from .sampling import probs_from_logits, sample
-from .target import Target, TargetIdentity, apply_rope
+from .target import Target, TargetIdentity, apply_rope, signed_sin
 
 CONFIG_NAME = "mtp_head.json"
 WEIGHTS_NAME = "mtp_head.safetensors"
@@ -166,6 +167,8 @@ class MTPHead(nn.Module):
         # the prompt, and a token outside the vocabulary can never be drafted. Training is
         # unchanged (it scores the draft vocabulary only).
         self.copy_context = True
+        # (dtype, the draft step as one C call or None), made on first use: see `fused_step`
+        self.__dict__["_fused"] = None
         self.to(device=target.device)
 
     def _init_weights(self) -> None:
@@ -329,10 +332,16 @@ class MTPHead(nn.Module):
         positions = torch.arange(L, L + k, device=state.device).unsqueeze(0)  # (1, K)
         cos_all, sin_all = self.rope(positions, state)  # (1, K, hd)
         ids, extra = self.round_vocab(inp.tokens)  # (V'',), (E, D): this round's vocabulary
+        fast = self.fused_step()
+        if fast is not None:
+            sin_signed = signed_sin(sin_all[0])  # (K, hd)
         drafted, qs = [], []
         for j in range(k):
-            state = self.step(state, tok, cos_all[:, j:j + 1], sin_all[:, j:j + 1], keys, values, None)
-            logits = self.project(self.target.final_norm(state), extra)[:, 0]  # (1, V'')
+            if fast is not None:  # the same step as one C call
+                state, logits = fast.step(state, tok, cos_all[0, j], sin_signed[j], inp.cache, self.kv_layer, extra)
+            else:
+                state = self.step(state, tok, cos_all[:, j:j + 1], sin_all[:, j:j + 1], keys, values, None)
+                logits = self.project(self.target.final_norm(state), extra)[:, 0]  # (1, V'')
             if sampling.greedy:
                 idx = logits.argmax(-1)  # (1,)
             else:
@@ -344,6 +353,16 @@ class MTPHead(nn.Module):
             drafted.append(tok)
         tokens = torch.cat(drafted, dim=1).view(k) if drafted else torch.empty(0, dtype=torch.long)
         return Draft(tokens=tokens, q=torch.cat(qs, 0) if qs else None)
+
+    def fused_step(self) -> fused.FusedHead | None:
+        """The draft step as one C call (`fused.FusedHead`) where the target runs the fused
+        forward and this head is bf16 on the CPU; else None (the step runs op by op)."""
+        made = self.__dict__["_fused"]
+        if made is None or made[0] != self.fc.weight.dtype or (made[1] is not None and not made[1].current()):
+            ok = fused.head_unsupported(self) is None
+            made = (self.fc.weight.dtype, fused.FusedHead(self) if ok else None)
+            self.__dict__["_fused"] = made  # a plain attribute: nothing of it is saved or counted
+        return made[1]
 
     def _to_full_vocab(self, q: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
         """(1, V'') over `ids` -> (1, V): probabilities of tokens outside them are 0."""
