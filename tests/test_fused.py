@@ -160,8 +160,9 @@ def test_the_library_is_loaded_with_its_entry_points():
         assert isinstance(getattr(so, name), ctypes._CFuncPtr)
 
 
-def test_the_fused_head_step_computes_what_the_heads_own_step_computes():
-    """One draft step as one C call: the next state and the logits over the draft vocabulary and
+@pytest.mark.parametrize("rows", [1, 3])  # a chain's step; a tree frontier's nodes
+def test_the_fused_head_step_computes_what_the_heads_own_step_computes(rows):
+    """One draft step as one C call: the next states and the logits over the draft vocabulary and
     a round's extra rows agree with `MTPHead.step` + `project` up to bf16 rounding."""
     from mtpspec.core.target import signed_sin
 
@@ -175,19 +176,23 @@ def test_the_fused_head_step_computes_what_the_heads_own_step_computes():
     assert fast is not None
     ids = torch.randint(4, 97, (1, 25), generator=torch.Generator().manual_seed(8))
     cache = t.new_cache(64)
-    hidden = t.forward(ids, cache).hidden[:, -1:]  # (1, 1, D)
+    hidden = t.forward(ids, cache).hidden[:, -rows:]  # (1, R, D): R different states
     state = head.initial_state(hidden)
-    tok = ids[:, -1:]
-    cos, sin = head.rope(torch.tensor([[25]]), state)  # (1, 1, hd)
+    tok = ids[:, -rows:]
+    cos, sin = head.rope(torch.full((1, rows), 25), state)  # (1, R, hd): one position
     extra = t.lm_head.weight[60:67]  # (7, D): a round's context tokens outside the draft vocabulary
     got_state, got = fast.step(state, tok, cos[0, 0], signed_sin(sin[0, 0]), cache, head.kv_layer, extra)
     keys, values = cache.layer(head.kv_layer)
     want_state = head.step(state, tok, cos, sin, keys, values, None)
-    want = head.project(t.final_norm(want_state), extra)[:, 0]
-    assert got.shape == want.shape == (1, 48 + 7) and got_state.shape == want_state.shape
+    want = head.project(t.final_norm(want_state), extra)[0]
+    assert got.shape == want.shape == (rows, 48 + 7) and got_state.shape == want_state.shape
     assert (got_state.float() - want_state.float()).abs().max() <= 0.05 * want_state.float().abs().max()
     assert (got - want.float()).abs().max() <= 0.05 * want.float().abs().max()
-    assert int(got.argmax()) == int(want.argmax())
+    assert torch.equal(got.argmax(-1), want.float().argmax(-1))
+    if rows > 1:  # rows are independent: each alone gives its own bits
+        for r in range(rows):
+            s1, l1 = fast.step(state[:, r:r + 1], tok[:, r:r + 1], cos[0, 0], signed_sin(sin[0, 0]), cache, head.kv_layer, extra)
+            assert torch.equal(s1[0, 0], got_state[0, r]) and torch.equal(l1[0], got[r])
 
 
 def test_a_head_drafting_through_the_fused_step_keeps_the_output_exact():
@@ -199,5 +204,7 @@ def test_a_head_drafting_through_the_fused_step_keeps_the_output_exact():
     plain = mtpspec.generate(t, None, ids, max_new_tokens=30, num_draft_tokens=0, eos_token_id=[])
     out = mtpspec.generate(t, head, ids, max_new_tokens=30, num_draft_tokens=4, eos_token_id=[])
     assert torch.equal(out.sequences, plain.sequences)
+    tree = mtpspec.generate(t, head, ids, max_new_tokens=30, num_draft_tokens=6, tree=True, eos_token_id=[])
+    assert torch.equal(tree.sequences, plain.sequences)
     fp32 = mtpspec.MTPHead.for_target(mtpspec.Target(tiny_model("llama")), mtpspec.HeadConfig())
     assert fp32.fused_step() is None and "bf16" in fused.head_unsupported(fp32)

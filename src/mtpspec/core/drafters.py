@@ -41,6 +41,7 @@ from ..config import SamplingConfig
 from ..errors import InputError
 from .draft import Draft, DraftInput
 from .head import MTPHead
+from .target import KVCache, signed_sin
 
 
 @dataclass(frozen=True)
@@ -172,15 +173,19 @@ class TreeDrafter:
         return keys, values, keys.shape[2], self.head.initial_state(inp.hidden[:, None]), inp.tokens[:, -1:], vocab, extra
 
     def _children(self, states: torch.Tensor, tokens: torch.Tensor, position: int, keys: torch.Tensor,
-                  values: torch.Tensor, vocab: torch.Tensor | None, extra: torch.Tensor | None
-                  ) -> tuple[torch.Tensor, list[list[float]], list[list[int]]]:
+                  values: torch.Tensor, vocab: torch.Tensor | None, extra: torch.Tensor | None,
+                  cache: KVCache | None = None) -> tuple[torch.Tensor, list[list[float]], list[list[int]]]:
         """One batched head step over the R frontier nodes (all at `position`): their next
         states (1, R, D), and the log-probabilities [R][W] and target ids [R][W] of each one's
         W most likely children (as lists: read one by one, a tensor element costs a call)."""
         head = self.head
         cos, sin = head.rope(torch.full((1, tokens.shape[1]), position, device=states.device), states)  # (1, R, hd)
-        states = head.step(states, tokens, cos, sin, keys, values, None)  # (1, R, D)
-        logp = head.project(head.target.final_norm(states), extra)[0].float().log_softmax(-1)  # (R, V'')
+        if (fast := head.fused_step()) is not None and cache is not None:  # the same step as one C call
+            states, logits = fast.step(states, tokens, cos[0, 0], signed_sin(sin[0, 0]), cache, head.kv_layer, extra)
+        else:
+            states = head.step(states, tokens, cos, sin, keys, values, None)  # (1, R, D)
+            logits = head.project(head.target.final_norm(states), extra)[0]  # (R, V'')
+        logp = logits.float().log_softmax(-1)  # (R, V'')
         top = logp.topk(min(self.config.width, logp.shape[-1]), dim=-1)  # (R, W)
         ids = top.indices if vocab is None else vocab[top.indices]  # (R, W)
         return states, top.values.tolist(), ids.tolist()
@@ -205,7 +210,7 @@ class TreeDrafter:
         frontier = [-1]  # kept node ids to expand at this depth (-1 = the root)
         scores = [0.0]
         for depth in range(min(n, cfg.max_depth or n)):
-            states, top, ids = self._children(states, tokens, L + depth, keys, values, vocab, extra)
+            states, top, ids = self._children(states, tokens, L + depth, keys, values, vocab, extra, inp.cache)
             steps += 1
             cand = sorted(((scores[r] + lp, r, j) for r, row in enumerate(top) for j, lp in enumerate(row)), key=lambda c: -c[0])
             born: list[tuple[int, int]] = []  # (kept id, frontier row)
@@ -243,7 +248,7 @@ class TreeDrafter:
         frontier = [-1]  # node ids to expand at this depth (-1 = the root)
         scores = [0.0]
         for depth in range(min(n, cfg.max_depth or n)):
-            states, top, ids = self._children(states, tokens, L + depth, keys, values, vocab, extra)
+            states, top, ids = self._children(states, tokens, L + depth, keys, values, vocab, extra, inp.cache)
             born = []
             for r, row in enumerate(top):
                 for j, lp in enumerate(row):

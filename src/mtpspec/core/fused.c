@@ -436,51 +436,70 @@ typedef struct {
     const bf16 **norm_attn, **wq, **wo, **norm_mlp, **wgu, **wdown; /* per block */
 } Head;
 
-/* state, emb (D): the state and the embedded token; cos, sin (hd) at the step's position (sin
+/* R rows at one position (a chain's step: R = 1; a tree's frontier: its nodes).
+ * state, emb (R, D): the states and the embedded tokens; cos, sin (hd) at the position (sin
  * signed as above); keys, values (Hk, S, hd): the target's layer the head reads, slots 0..L-1.
- * Out: state_out (D) and logits (V1 + E) fp32 (bf16 values) over w_vocab (V1, D) then w_extra
- * (E, D), from the target's final norm of the new state. */
-void head_step(const Head *h, const bf16 *state, const bf16 *emb, const bf16 *cos, const bf16 *sin,
+ * Out: state_out (R, D) and logits (R, V1 + E) fp32 (bf16 values) over w_vocab (V1, D) then
+ * w_extra (E, D), from the target's final norm of the new states. */
+void head_step(const Head *h, int R, const bf16 *state, const bf16 *emb, const bf16 *cos, const bf16 *sin,
                const bf16 *keys, const bf16 *values, int S, int L, const bf16 *w_vocab, int V1,
                const bf16 *w_extra, int E, bf16 *state_out, float *logits, int nthreads) {
-    const int D = h->D, H = h->H, hd = h->hd, M = h->M, widest = 2 * D > 2 * M ? 2 * D : 2 * M;
-    bf16 *u = malloc(sizeof(bf16) * (size_t)(widest > H * hd ? widest : H * hd));
-    bf16 *q = malloc(sizeof(bf16) * (size_t)H * hd), *a = malloc(sizeof(bf16) * (size_t)H * hd);
-    float *y = malloc(sizeof(float) * (size_t)(widest > H * hd ? widest : H * hd));
-    bf16 *xv = malloc(sizeof(bf16) * 16 * (size_t)(widest > H * hd ? widest : H * hd));
+    const int D = h->D, H = h->H, hd = h->hd, M = h->M;
+    int wide = 2 * D > 2 * M ? 2 * D : 2 * M;
+    wide = wide > H * hd ? wide : H * hd;
+    bf16 *u = malloc(sizeof(bf16) * (size_t)R * wide), *n2 = malloc(sizeof(bf16) * (size_t)R * 2 * D);
+    bf16 *q = malloc(sizeof(bf16) * (size_t)R * H * hd), *a = malloc(sizeof(bf16) * (size_t)R * H * hd);
+    float *y = malloc(sizeof(float) * (size_t)R * wide);
+    float *l1 = malloc(sizeof(float) * (size_t)R * V1), *l2 = E > 0 ? malloc(sizeof(float) * (size_t)R * E) : NULL;
+    bf16 *xv = malloc(sizeof(bf16) * (size_t)((R + 15) / 16 * 16) * wide);
     float *scratch = malloc(sizeof(float) * (size_t)nthreads * (S + 16));
-    const int none = 0;
-    memcpy(state_out, state, sizeof(bf16) * D);
+    int *pos = malloc(sizeof(int) * R), *none = calloc(R, sizeof(int));
+    for (int r = 0; r < R; r++) pos[r] = L;
+    memcpy(state_out, state, sizeof(bf16) * (size_t)R * D);
     bf16 *x = state_out;
 #pragma omp parallel num_threads(nthreads)
     {
-        rms_norm(state, 1, D, h->norm_state, h->eps, u); /* u = [norm(state); norm(emb)] (2D) */
-        rms_norm(emb, 1, D, h->norm_embed, h->eps, u + D);
-        matmul(u, 1, 2 * D, h->fc, D, y, xv);
+        rms_norm(state, R, D, h->norm_state, h->eps, n2); /* u = [norm(state); norm(emb)] (R, 2D) */
+        rms_norm(emb, R, D, h->norm_embed, h->eps, n2 + (size_t)R * D);
 #pragma omp for schedule(static)
-        for (int d = 0; d < D; d += 16) st16(x + d, rb16(ldf(y + d, D - d)), D - d);
+        for (int r = 0; r < R; r++) {
+            memcpy(u + (size_t)r * 2 * D, n2 + (size_t)r * D, sizeof(bf16) * D);
+            memcpy(u + (size_t)r * 2 * D + D, n2 + (size_t)(R + r) * D, sizeof(bf16) * D);
+        }
+        matmul(u, R, 2 * D, h->fc, D, y, xv);
+#pragma omp for schedule(static)
+        for (int r = 0; r < R; r++)
+            for (int d = 0; d < D; d += 16) st16(x + (size_t)r * D + d, ldf(y + (size_t)r * D + d, D - d), D - d);
         for (int b = 0; b < h->n_blocks; b++) {
-            rms_norm(x, 1, D, h->norm_attn[b], h->eps, u);
-            matmul(u, 1, D, h->wq[b], H * hd, y, xv);
-#pragma omp for schedule(static)
-            for (int hh = 0; hh < H; hh++) project_head(y + (size_t)hh * hd, NULL, hd, cos, sin, q + (size_t)hh * hd);
-            /* every committed slot, no new rows: row 0 at "start" L with no ancestors */
-            attend(keys, values, S, H, h->Hk, hd, 1.0f / sqrtf((float)hd), 0, 1, L, &L, &none, &none, q, a, scratch);
-            matmul(a, 1, H * hd, h->wo[b], D, y, xv);
-            residual(x, y, NULL, 1, D);
+            rms_norm(x, R, D, h->norm_attn[b], h->eps, u);
+            matmul(u, R, D, h->wq[b], H * hd, y, xv);
+#pragma omp for schedule(static) collapse(2)
+            for (int r = 0; r < R; r++)
+                for (int hh = 0; hh < H; hh++)
+                    project_head(y + ((size_t)r * H + hh) * hd, NULL, hd, cos, sin, q + ((size_t)r * H + hh) * hd);
+            /* every committed slot, no new rows: each row at "start" L with no ancestors */
+            attend(keys, values, S, H, h->Hk, hd, 1.0f / sqrtf((float)hd), 0, R, L, pos, none, none, q, a, scratch);
+            matmul(a, R, H * hd, h->wo[b], D, y, xv);
+            residual(x, y, NULL, R, D);
             if (M > 0) {
-                rms_norm(x, 1, D, h->norm_mlp[b], h->eps, u);
-                matmul(u, 1, D, h->wgu[b], 2 * M, y, xv);
-                swiglu(y, NULL, 1, M, u); /* u now holds the gate product (M) */
-                matmul(u, 1, M, h->wdown[b], D, y, xv);
-                residual(x, y, NULL, 1, D);
+                rms_norm(x, R, D, h->norm_mlp[b], h->eps, u);
+                matmul(u, R, D, h->wgu[b], 2 * M, y, xv);
+                swiglu(y, NULL, R, M, u); /* u now holds the gate products (R, M) */
+                matmul(u, R, M, h->wdown[b], D, y, xv);
+                residual(x, y, NULL, R, D);
             }
         }
-        rms_norm(x, 1, D, h->final_norm, h->final_eps, u);
-        matmul(u, 1, D, w_vocab, V1, logits, xv);
-        if (E > 0) matmul(u, 1, D, w_extra, E, logits + V1, xv);
-#pragma omp for schedule(static)
-        for (int i = 0; i < V1 + E; i += 16) _mm512_mask_storeu_ps(logits + i, m16(V1 + E - i), rb16(ldf(logits + i, V1 + E - i)));
+        rms_norm(x, R, D, h->final_norm, h->final_eps, u);
+        matmul(u, R, D, w_vocab, V1, l1, xv);
+        if (E > 0) matmul(u, R, D, w_extra, E, l2, xv);
+        const int V = V1 + E;
+#pragma omp for schedule(static) collapse(2)
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < V; i += 16) { /* both parts, rounded to bf16, side by side */
+                float t[16];
+                for (int j = 0; j < 16; j++) t[j] = i + j < V1 ? l1[(size_t)r * V1 + i + j] : i + j < V ? l2[(size_t)r * E + i + j - V1] : 0.0f;
+                _mm512_mask_storeu_ps(logits + (size_t)r * V + i, m16(V - i), rb16(_mm512_loadu_ps(t)));
+            }
     }
-    free(u); free(q); free(a); free(y); free(xv); free(scratch);
+    free(u); free(n2); free(q); free(a); free(y); free(l1); free(l2); free(xv); free(scratch); free(pos); free(none);
 }

@@ -76,7 +76,7 @@ def _library() -> tuple[ctypes.CDLL | None, bool, str | None]:
     so.fused_forward.restype = None
     so.fused_matmul.argtypes = [_P, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P, ctypes.c_int]
     so.fused_matmul.restype = None
-    so.head_step.argtypes = [ctypes.POINTER(_Head)] + [_P] * 6 + [ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P,
+    so.head_step.argtypes = [ctypes.POINTER(_Head), ctypes.c_int] + [_P] * 6 + [ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P,
                                                                  ctypes.c_int, _P, _P, ctypes.c_int]
     so.head_step.restype = None
     # AMX where the CPU has it (and MTPSPEC_AMX is not 0): once per process, so every forward
@@ -272,24 +272,26 @@ class FusedHead:
     def current(self) -> bool:
         return self.weights.current()
 
-    def step(self, state: torch.Tensor, token: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+    def step(self, state: torch.Tensor, tokens: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
              cache: KVCache, layer: int, extra: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(1, 1, D) state, (1, 1) token, (hd,) rotary table at its position -> the next state
-        (1, 1, D) and logits (1, V1 + E) over the draft vocabulary then `extra` (E, D) rows."""
+        """(1, R, D) states, (1, R) tokens, all at one position with (hd,) rotary tables there ->
+        the next states (1, R, D) and logits (R, V1 + E) over the draft vocabulary then `extra`
+        (E, D) rows. R = 1 for a chain's step, a tree's frontier otherwise."""
         so = _loaded()[0]
         assert so is not None
         tgt = self.head.target
-        state = state.contiguous()
-        emb = tgt.embed_tokens(token).to(torch.bfloat16).contiguous()  # (1, 1, D)
+        R = int(tokens.shape[1])
+        state = state.to(torch.bfloat16).contiguous()
+        emb = tgt.embed_tokens(tokens).to(torch.bfloat16).contiguous()  # (1, R, D)
         cos, sin_signed = cos.to(torch.bfloat16).contiguous(), sin_signed.to(torch.bfloat16).contiguous()
         E = 0 if extra is None else int(extra.shape[0])
         if extra is not None:
             extra = extra.contiguous()
         V1 = int(self.vocab.shape[0])
         out = torch.empty_like(state)
-        logits = torch.empty(1, V1 + E, dtype=torch.float32)
+        logits = torch.empty(R, V1 + E, dtype=torch.float32)
         keys, values = cache.keys[layer], cache.values[layer]  # (Hk, S, hd): contiguous layers of the cache
-        so.head_step(ctypes.byref(self.struct), state.data_ptr(), emb.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
+        so.head_step(ctypes.byref(self.struct), R, state.data_ptr(), emb.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
                      keys.data_ptr(), values.data_ptr(), cache.capacity, cache.length, self.vocab.data_ptr(), V1,
                      None if extra is None else extra.data_ptr(), E, out.data_ptr(), logits.data_ptr(),
                      torch.get_num_threads())
