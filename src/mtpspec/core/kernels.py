@@ -205,6 +205,7 @@ def choose_plan(dtype: torch.dtype, linear_shapes: dict[tuple[int, int], int], h
     native_ok = on_cpu and dtype in native.DTYPES and native.library() is not None
     key = f"{sorted(linear_shapes.items())}|{heads}|{num_layers}" + ("" if softcap is None else f"|softcap={softcap}")
     key += "|native" if native_ok else ""  # plans cached before the native kernels existed lack them
+    key += "512" if native_ok and hasattr(native.library(), "rowdot512_f32") else ""  # and their AVX-512 fp32 variant
     lin_kinds = tuple(k for k in LINEAR_KINDS if native_ok or k != "rowdot")
     kinds = tuple(k for k in ATTENTION_KINDS if (softcap is None or k != "sdpa")
                   and (k != "rowdot" or (native_ok and hd % 8 == 0 and hd <= 256)))

@@ -113,3 +113,62 @@ void NAME(const float *p, const TV *v, TY *y, int nb, int R, int S, int D, long 
 }
 MIX(mix_f32, float, ld_f32, float, st8_f32)
 MIX(mix_bf16, uint16_t, ld_bf16, uint16_t, st8_bf16)
+
+#ifdef __AVX512F__
+/* The same contract for fp32 on AVX-512 CPUs: sixteen lanes over the reduction index (the tail
+ * through a masked load, so every output is one vector chain), reduced by one fixed shuffle
+ * tree; four weight rows by up to four input rows per block, so extra rows share each loaded
+ * weight vector. Built only with -mavx512f (native.py adds it where the CPU has AVX-512F). */
+static inline __mmask16 tail16(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
+
+static inline __attribute__((always_inline)) void block512(const float *const *xr, const float *const *wr, int I,
+                                                           float *y, int O, int r0, int o0, int no, const int NR) {
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int k = 0; k < I; k += 16) {
+        const __mmask16 m = tail16(I - k);
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) wv[j] = _mm512_maskz_loadu_ps(m, wr[j] + k);
+#pragma GCC unroll 4
+        for (int i = 0; i < NR; i++) {
+            const __m512 xv = _mm512_maskz_loadu_ps(m, xr[i] + k);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) acc[i][j] = _mm512_fmadd_ps(wv[j], xv, acc[i][j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NR; i++) {
+        float out[4]; /* constant indices: the accumulators stay in registers */
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) out[j] = _mm512_reduce_add_ps(acc[i][j]);
+        for (int j = 0; j < no; j++) y[(size_t)(r0 + i) * O + o0 + j] = out[j];
+    }
+}
+
+void rowdot512_f32(const float *x, const float *w, float *y, int nb, int R, int I, int O, long xs, long ws, long ys) {
+    const int blocks = (O + 3) / 4;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < nb; b++) {
+        for (int ob = 0; ob < blocks; ob++) {
+            const int o0 = ob * 4, no = O - o0 < 4 ? O - o0 : 4;
+            const float *wr[4];
+            for (int j = 0; j < 4; j++) wr[j] = w + b * ws + (size_t)(o0 + (j < no ? j : 0)) * I;
+            for (int r0 = 0; r0 < R; r0 += 4) {
+                const float *xr[4];
+                for (int i = 0; i < 4; i++) xr[i] = x + b * xs + (size_t)(r0 + (r0 + i < R ? i : 0)) * I;
+                float *yb = y + b * ys;
+                switch (R - r0 < 4 ? R - r0 : 4) {
+                    case 1: block512(xr, wr, I, yb, O, r0, o0, no, 1); break;
+                    case 2: block512(xr, wr, I, yb, O, r0, o0, no, 2); break;
+                    case 3: block512(xr, wr, I, yb, O, r0, o0, no, 3); break;
+                    default: block512(xr, wr, I, yb, O, r0, o0, no, 4); break;
+                }
+            }
+        }
+    }
+}
+#endif
