@@ -25,8 +25,8 @@ head's tree so each round gets the better of the two.
 
 Switch: one chain per round, the lookup continuation when the text repeats, else the head's
 chain. A chain verifies on the cache as it is, for about the cost of one token, where every
-branch of a tree off its spine attends its own copy of the cache; and a lookup costs no
-drafting at all.
+branch of a tree off its spine attends its own copy of the cache (op by op; the fused
+forward attends a branch's ancestors in place, `fused.py`); and a lookup costs no drafting at all.
 On this CPU that beat both the head's chain and the trees in wall time (see the README).
 """
 
@@ -53,7 +53,8 @@ class RoundCosts:
 
     # One more verify row that continues a chain (the spine, or a branch's own chain).
     row: float = 0.007
-    # One more branch off the spine: the verify pass attends its own copy of the cache.
+    # One more branch off the spine: op by op, the verify pass attends its own copy of the cache
+    # (the fused forward needs no copy: `mtpspec costs` prices a plane near 0 there).
     plane: float = 0.09
     # One more depth of drafting: one batched head step.
     step: float = 0.058
@@ -174,13 +175,13 @@ class TreeDrafter:
 
     def _children(self, states: torch.Tensor, tokens: torch.Tensor, position: int, keys: torch.Tensor,
                   values: torch.Tensor, vocab: torch.Tensor | None, extra: torch.Tensor | None,
-                  cache: KVCache | None = None) -> tuple[torch.Tensor, list[list[float]], list[list[int]]]:
+                  cache: KVCache) -> tuple[torch.Tensor, list[list[float]], list[list[int]]]:
         """One batched head step over the R frontier nodes (all at `position`): their next
         states (1, R, D), and the log-probabilities [R][W] and target ids [R][W] of each one's
         W most likely children (as lists: read one by one, a tensor element costs a call)."""
         head = self.head
         cos, sin = head.rope(torch.full((1, tokens.shape[1]), position, device=states.device), states)  # (1, R, hd)
-        if (fast := head.fused_step()) is not None and cache is not None:  # the same step as one C call
+        if (fast := head.fused_step()) is not None:  # the same step as one C call
             states, logits = fast.step(states, tokens, cos[0, 0], signed_sin(sin[0, 0]), cache, head.kv_layer, extra)
         else:
             states = head.step(states, tokens, cos, sin, keys, values, None)  # (1, R, D)

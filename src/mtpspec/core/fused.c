@@ -6,14 +6,16 @@
  *
  * Row invariance by construction: every value a row computes depends on that row's inputs and
  * on the cache slots it attends, never on which other rows are in the call or how the work is
- * split between threads. A matmul output is one dpbf16 chain over the input in 32-element
- * steps, reduced by one fixed shuffle tree; an attention row visits its slots in one fixed
+ * split between threads. A matmul output is one fixed chain of AMX tile steps (or, where AMX
+ * is absent or the shape does not fit its tiles, of dpbf16 steps reduced by one fixed shuffle
+ * tree) over the input in 32-element steps; an attention row visits its slots in one fixed
  * order (the committed slots in slot order, then its own ancestors in depth order); every
  * elementwise function runs the same vector instructions on every element. So a verify pass
  * over k + 1 rows gives, bit for bit, the rows of k + 1 one-row passes, and a tree row that
  * attends its ancestors where they lie gives what plain decoding of its path would.
  *
- * Rounding follows a bf16 model run in torch: each matmul sums in fp32 and rounds to bf16,
+ * Rounding follows a bf16 model run in torch (every rounding to bf16 is VCVTNEPS2BF16, to
+ * nearest even): each matmul sums in fp32 and rounds to bf16,
  * a bias is added after that, norms and the softmax compute in fp32, every elementwise
  * product and sum rounds to bf16 (RoPE, SiLU, the gate product, the residual adds).
  *
@@ -30,16 +32,6 @@
 
 typedef uint16_t bf16;
 
-static inline float b2f(bf16 v) {
-    union { uint32_t u; float f; } x = {.u = (uint32_t)v << 16};
-    return x.f;
-}
-static inline bf16 f2b(float f) { /* round to nearest even, NaN kept NaN (as torch rounds) */
-    union { float f; uint32_t u; } v = {.f = f};
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (bf16)((v.u >> 16) | 0x40);
-    return (bf16)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
-}
-static inline float rb(float f) { return b2f(f2b(f)); } /* an fp32 value rounded through bf16 */
 static inline __mmask16 m16(int n) { return n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
 static inline __mmask32 m32(int n) { return n >= 32 ? (__mmask32)0xffffffffu : n <= 0 ? 0 : (__mmask32)((1u << n) - 1); }
 static inline __m512 ld16(const bf16 *p, int n) { /* up to 16 bf16 widened exactly to fp32 */
@@ -75,7 +67,7 @@ static inline __m512 vexp(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-/* y (R, O) fp32 = x (R, I) @ w (O, I)^T, for output blocks [b0, b1) of 4; NR rows at once. */
+/* y[r0 + i][o0 + j] = x row i . w row j for NR rows and no <= 4 outputs: one dpbf16 chain each. */
 static inline __attribute__((always_inline)) void dot_block(const bf16 *const *xr, const bf16 *const *wr, int I,
                                                              float *y, int O, int r0, int o0, int no, const int NR) {
     __m512 acc[4][4];
@@ -285,11 +277,7 @@ static inline __attribute__((always_inline)) void value_sum(const float *s, floa
         const __m512 pv = _mm512_set1_ps(pi);
         for (int j = 0; j < NV; j++) o[j] = _mm512_fmadd_ps(pv, ld16(vr + 16 * j, hd - 16 * j), o[j]);
     }
-    for (int j = 0; j < NV && 16 * j < hd; j++) {
-        float t[16];
-        _mm512_storeu_ps(t, o[j]);
-        for (int d = 0; d < 16 && 16 * j + d < hd; d++) orow[16 * j + d] = f2b(t[d]);
-    }
+    for (int j = 0; j < NV && 16 * j < hd; j++) st16(orow + 16 * j, o[j], hd - 16 * j);
 }
 
 /* Attention of rows [0, T) over their slots: committed slots 0..start-1 in order, then
@@ -455,8 +443,7 @@ void head_step(const Head *h, int R, const bf16 *state, const bf16 *emb, const b
     float *scratch = malloc(sizeof(float) * (size_t)nthreads * (S + 16));
     int *pos = malloc(sizeof(int) * R), *none = calloc(R, sizeof(int));
     for (int r = 0; r < R; r++) pos[r] = L;
-    memcpy(state_out, state, sizeof(bf16) * (size_t)R * D);
-    bf16 *x = state_out;
+    bf16 *x = state_out; /* written by the fc step first */
 #pragma omp parallel num_threads(nthreads)
     {
         rms_norm(state, R, D, h->norm_state, h->eps, n2); /* u = [norm(state); norm(emb)] (R, 2D) */

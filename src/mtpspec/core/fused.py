@@ -200,7 +200,7 @@ class FusedForward:
             raise ValueError("the fused forward writes a plain contiguous cache (no tree planes)")
         if positions is None:
             positions = torch.arange(start, start + T)
-        x = tgt.embed_tokens(input_ids)[0].to(torch.bfloat16).contiguous().clone()  # (T, D): written in place
+        x = tgt.embed_tokens(input_ids)[0].to(torch.bfloat16).contiguous()  # (T, D): a fresh tensor, written in place
         cos, sin = tgt._rope_table("", x, positions[None])  # (1, T, hd) each
         cos = cos[0].to(torch.bfloat16).contiguous()
         sin = signed_sin(sin[0]).to(torch.bfloat16).contiguous()
@@ -246,8 +246,9 @@ def head_unsupported(head: MTPHead) -> str | None:
 
 
 class FusedHead:
-    """`MTPHead.step` + `project` for one row as one C call (`head_step` in fused.c): the same
-    computation, rounded as a bf16 torch run rounds it, up to the order of fp32 sums."""
+    """`MTPHead.step` + `project` for the rows of one draft depth as one C call (`head_step` in
+    fused.c): the same computation, rounded as a bf16 torch run rounds it, up to the order of
+    fp32 sums."""
 
     def __init__(self, head: MTPHead):
         from .target import _eps
