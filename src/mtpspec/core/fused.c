@@ -1,23 +1,26 @@
-/* A whole bf16 decoder forward of a Llama-style model in one call, for x86-64 CPUs with
- * AVX-512 BF16 (see fused.py for which models and why).
+/* A whole decoder forward of a Llama-style model in one call, for x86-64 CPUs with AVX-512:
+ * in bf16 (built as is: AVX-512 BF16, AMX where present) or in fp32 (built with -DFUSED_F32:
+ * AVX-512F alone). See fused.py for which models and why.
  *
  * Letters: T new rows, D hidden, H query heads, Hk key/value heads, hd head dim, M MLP width,
- * V vocabulary, S cache slots, N layers.
+ * V vocabulary, S cache slots, N layers. `elem` is the model's element type (bf16 or float).
  *
  * Row invariance by construction: every value a row computes depends on that row's inputs and
  * on the cache slots it attends, never on which other rows are in the call or how the work is
  * split between threads. A matmul output is one fixed chain of AMX tile steps (or, where AMX
- * is absent or the shape does not fit its tiles, of dpbf16 steps reduced by one fixed shuffle
- * tree) over the input in 32-element steps; an attention row visits its slots in one fixed
- * order (the committed slots in slot order, then its own ancestors in depth order); every
- * elementwise function runs the same vector instructions on every element. So a verify pass
- * over k + 1 rows gives, bit for bit, the rows of k + 1 one-row passes, and a tree row that
- * attends its ancestors where they lie gives what plain decoding of its path would.
+ * is absent or the shape does not fit its tiles, of dpbf16 / fp32 FMA steps reduced by one
+ * fixed shuffle tree) over the input in 32- (bf16) or 16-element (fp32) steps; an attention
+ * row visits its slots in one fixed order (the committed slots in slot order, then its own
+ * ancestors in depth order); every elementwise function runs the same vector instructions on
+ * every element. So a verify pass over k + 1 rows gives, bit for bit, the rows of k + 1
+ * one-row passes, and a tree row that attends its ancestors where they lie gives what plain
+ * decoding of its path would.
  *
- * Rounding follows a bf16 model run in torch (every rounding to bf16 is VCVTNEPS2BF16, to
+ * Rounding follows the model run in torch. bf16 (every rounding to bf16 is VCVTNEPS2BF16, to
  * nearest even): each matmul sums in fp32 and rounds to bf16,
  * a bias is added after that, norms and the softmax compute in fp32, every elementwise
- * product and sum rounds to bf16 (RoPE, SiLU, the gate product, the residual adds).
+ * product and sum rounds to bf16 (RoPE, SiLU, the gate product, the residual adds). fp32: the
+ * same steps with no rounding in between (rb16 is the identity).
  *
  * One OpenMP parallel region per forward; each parallel loop is a `omp for` with its barrier.
  */
@@ -34,18 +37,36 @@ typedef uint16_t bf16;
 
 static inline __mmask16 m16(int n) { return n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
 static inline __mmask32 m32(int n) { return n >= 32 ? (__mmask32)0xffffffffu : n <= 0 ? 0 : (__mmask32)((1u << n) - 1); }
+static inline __m512 ldf(const float *p, int n) { return _mm512_maskz_loadu_ps(m16(n), p); }
+
+#ifdef FUSED_F32
+typedef float elem;
+/* up to 16 elements as fp32 lanes; stored; "rounded to the element type" (nothing to do) */
+static inline __m512 ld16(const elem *p, int n) { return ldf(p, n); }
+static inline void st16(elem *p, __m512 v, int n) { _mm512_mask_storeu_ps(p, m16(n), v); }
+static inline __m512 rb16(__m512 v) { return v; }
+/* a dot product's step: KSTEP elements of two operands loaded, multiplied into fp32 lanes */
+#define KSTEP 16
+typedef __m512 kvec;
+static inline kvec ldk(const elem *p, int n) { return _mm512_maskz_loadu_ps(m16(n), p); }
+static inline __m512 dotk(__m512 acc, kvec a, kvec b) { return _mm512_fmadd_ps(a, b, acc); }
+#else
+typedef bf16 elem;
 static inline __m512 ld16(const bf16 *p, int n) { /* up to 16 bf16 widened exactly to fp32 */
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m16(n), p)), 16));
 }
-
-static inline __m512 ldf(const float *p, int n) { return _mm512_maskz_loadu_ps(m16(n), p); }
 /* fp32 lanes rounded to bf16, to nearest even (VCVTNEPS2BF16), stored, or widened back */
 static inline void st16(bf16 *p, __m512 v, int n) { _mm256_mask_storeu_epi16(p, m16(n), (__m256i)_mm512_cvtneps_pbh(v)); }
 static inline __m512 rb16(__m512 v) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
 }
-/* bf16(y) (+ bias, rounded again), as a bf16 matmul's output with its bias */
-static inline __m512 biased(const float *y, const bf16 *b, int n) {
+#define KSTEP 32
+typedef __m512i kvec;
+static inline kvec ldk(const elem *p, int n) { return _mm512_maskz_loadu_epi16(m32(n), p); }
+static inline __m512 dotk(__m512 acc, kvec a, kvec b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+#endif
+/* elem(y) (+ bias, rounded again), as a matmul's output with its bias */
+static inline __m512 biased(const float *y, const elem *b, int n) {
     const __m512 v = rb16(ldf(y, n));
     return b ? rb16(_mm512_add_ps(v, ld16(b, n))) : v;
 }
@@ -67,27 +88,37 @@ static inline __m512 vexp(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-/* y[r0 + i][o0 + j] = x row i . w row j for NR rows and no <= 4 outputs: one dpbf16 chain each. */
-static inline __attribute__((always_inline)) void dot_block(const bf16 *const *xr, const bf16 *const *wr, int I,
+#ifndef NRMAX
+#define NRMAX 6 /* rows per block: NRMAX x 4 accumulators + 4 weight vectors + 1 row vector <= 32 registers */
+#endif
+/* y[r0 + i][o0 + j] = x row i . w row j for NR rows and no <= 4 outputs: one dpbf16 (fp32: FMA) chain each. */
+static inline __attribute__((always_inline)) void dot_block(const elem *const *xr, const elem *const *wr, int I,
                                                              float *y, int O, int r0, int o0, int no, const int NR) {
-    __m512 acc[4][4];
-#pragma GCC unroll 4
+    __m512 acc[NRMAX][4];
+#pragma GCC unroll 6
     for (int i = 0; i < NR; i++)
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
-    for (int k = 0; k < I; k += 32) {
-        const __mmask32 m = m32(I - k);
-        __m512i wv[4];
+    for (int k = 0; k < I; k += KSTEP) {
+        kvec wv[4];
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) wv[j] = _mm512_maskz_loadu_epi16(m, wr[j] + k);
+        for (int j = 0; j < 4; j++) wv[j] = ldk(wr[j] + k, I - k);
+#ifndef PF_BLOCKS
+#define PF_BLOCKS 2
+#endif
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T0
+#endif
 #pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(wr[j] + (size_t)PF_BLOCKS * 4 * I + k), PF_HINT);
+#pragma GCC unroll 6
         for (int i = 0; i < NR; i++) {
-            const __m512i xv = _mm512_maskz_loadu_epi16(m, xr[i] + k);
+            const kvec xv = ldk(xr[i] + k, I - k);
 #pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)wv[j], (__m512bh)xv);
+            for (int j = 0; j < 4; j++) acc[i][j] = dotk(acc[i][j], wv[j], xv);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 6
     for (int i = 0; i < NR; i++) {
         float out[4]; /* all four reduced with constant indices: acc stays in registers */
 #pragma GCC unroll 4
@@ -96,28 +127,34 @@ static inline __attribute__((always_inline)) void dot_block(const bf16 *const *x
     }
 }
 
-/* AVX-512 BF16: four weight rows stream side by side, each loaded vector serves up to four rows. */
-static void matmul_dp(const bf16 *x, int R, int I, const bf16 *w, int O, float *y) {
+/* AVX-512 (BF16): four weight rows stream side by side, each loaded vector serves up to four
+ * rows; a block's weights are read from memory once and from cache for each further four rows. */
+static void matmul_dp(const elem *x, int R, int I, const elem *w, int O, float *y) {
     const int blocks = (O + 3) / 4;
 #pragma omp for schedule(static)
     for (int ob = 0; ob < blocks; ob++) {
         const int o0 = ob * 4, no = O - o0 < 4 ? O - o0 : 4;
-        const bf16 *wr[4];
+        const elem *wr[4];
         for (int j = 0; j < 4; j++) wr[j] = w + (size_t)(o0 + (j < no ? j : 0)) * I;
-        for (int r0 = 0; r0 < R; r0 += 4) {
-            const bf16 *xr[4];
-            for (int i = 0; i < 4; i++) xr[i] = x + (size_t)(r0 + (r0 + i < R ? i : 0)) * I;
-            switch (R - r0 < 4 ? R - r0 : 4) {
+        for (int r0 = 0; r0 < R; r0 += NRMAX) {
+            const elem *xr[NRMAX];
+            for (int i = 0; i < NRMAX; i++) xr[i] = x + (size_t)(r0 + (r0 + i < R ? i : 0)) * I;
+            switch (R - r0 < NRMAX ? R - r0 : NRMAX) {
                 case 1: dot_block(xr, wr, I, y, O, r0, o0, no, 1); break;
                 case 2: dot_block(xr, wr, I, y, O, r0, o0, no, 2); break;
                 case 3: dot_block(xr, wr, I, y, O, r0, o0, no, 3); break;
-                default: dot_block(xr, wr, I, y, O, r0, o0, no, 4); break;
+                case 4: dot_block(xr, wr, I, y, O, r0, o0, no, 4); break;
+#if NRMAX > 4
+                case 5: dot_block(xr, wr, I, y, O, r0, o0, no, 5); break;
+#endif
+                default: dot_block(xr, wr, I, y, O, r0, o0, no, NRMAX); break;
             }
         }
     }
 }
 
 
+#ifndef FUSED_F32
 /* AMX: y^T = w x^T, tiles of 16 outputs x N rows (N = R, or 16 column blocks beyond 16 rows),
  * four tiles (64 outputs) per block. Each output element is the same sequence of
  * TDPBF16PS steps over k whatever N is: row-invariant like the kernel above, and the hardware
@@ -178,28 +215,39 @@ static void matmul_amx(const bf16 *x, int R, int I, const bf16 *w, int O, float 
     }
     _tile_release();
 }
+#endif
 
 /* Called inside a parallel region: the output blocks are shared out between the threads. Which
  * kernel runs depends on the shape and the process only, never on R. */
-static void matmul(const bf16 *x, int R, int I, const bf16 *w, int O, float *y, bf16 *xv) {
+static void matmul(const elem *x, int R, int I, const elem *w, int O, float *y, elem *xv) {
+#ifdef FUSED_F32
+    (void)xv;
+    matmul_dp(x, R, I, w, O, y);
+#else
     if (use_amx && I % 32 == 0 && O % 16 == 0)
         matmul_amx(x, R, I, w, O, y, xv);
     else
         matmul_dp(x, R, I, w, O, y);
+#endif
 }
 
 /* Ask the kernel for the AMX tile state (Linux: ARCH_REQ_XCOMP_PERM); amx = 0 keeps to AVX-512.
  * Returns whether AMX is in use. Call once, before any forward. */
 int fused_init(int amx) {
+#ifdef FUSED_F32
+    (void)amx;
+    return 0; /* no fp32 tiles */
+#else
     use_amx = amx && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
     return use_amx;
+#endif
 }
 
 /* out (R, D) = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))), per row (as w * F.rms_norm(x)). */
-static void rms_norm(const bf16 *x, int R, int D, const bf16 *w, float eps, bf16 *out) {
+static void rms_norm(const elem *x, int R, int D, const elem *w, float eps, elem *out) {
 #pragma omp for schedule(static)
     for (int r = 0; r < R; r++) {
-        const bf16 *xr = x + (size_t)r * D;
+        const elem *xr = x + (size_t)r * D;
         __m512 acc = _mm512_setzero_ps();
         for (int d = 0; d < D; d += 16) {
             const __m512 v = ld16(xr + d, D - d);
@@ -213,18 +261,18 @@ static void rms_norm(const bf16 *x, int R, int D, const bf16 *w, float eps, bf16
 }
 
 /* x (R, D) = bf16(x + bf16(y) (+ bias)): a residual add of a matmul's fp32 output */
-static void residual(bf16 *x, const float *y, const bf16 *b, int R, int D) {
+static void residual(elem *x, const float *y, const elem *b, int R, int D) {
 #pragma omp for schedule(static)
     for (int r = 0; r < R; r++)
         for (int d = 0; d < D; d += 16) {
-            bf16 *xr = x + (size_t)r * D + d;
+            elem *xr = x + (size_t)r * D + d;
             st16(xr, _mm512_add_ps(ld16(xr, D - d), biased(y + (size_t)r * D + d, b ? b + d : NULL, D - d)), D - d);
         }
 }
 
 /* One head of a q/k/v projection's fp32 output: bf16 (+ bias), then RoPE where cos is given:
  * bf16(bf16(v * cos) + bf16(rotate_half(v) * signed sin)), as apply_rope_signed rounds. */
-static void project_head(const float *yr, const bf16 *b, int hd, const bf16 *cos, const bf16 *sin, bf16 *dst) {
+static void project_head(const float *yr, const elem *b, int hd, const elem *cos, const elem *sin, elem *dst) {
     float v[256], rot[256];
     const int half = hd / 2;
     for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(v + d, biased(yr + d, b ? b + d : NULL, hd - d));
@@ -240,7 +288,7 @@ static void project_head(const float *yr, const bf16 *b, int hd, const bf16 *cos
 }
 
 /* g (R, M) = bf16(bf16(silu(gate)) * up) from a gate/up matmul's fp32 output y (R, 2M) (+ bias) */
-static void swiglu(const float *y, const bf16 *bg, int R, int M, bf16 *g) {
+static void swiglu(const float *y, const elem *bg, int R, int M, elem *g) {
 #pragma omp for schedule(static)
     for (int r = 0; r < R; r++)
         for (int j = 0; j < M; j += 16) {
@@ -254,81 +302,131 @@ static void swiglu(const float *y, const bf16 *bg, int R, int M, bf16 *g) {
 typedef struct {
     int n_layers, D, H, Hk, hd, M, V, S;
     /* per layer: weights (bf16, row-major (out, in)), biases (NULL = none), norm weights */
-    const bf16 **attn_norm, **mlp_norm, **wqkv, **bqkv, **wo, **bo, **wgu, **bgu, **wdown, **bdown;
+    const elem **attn_norm, **mlp_norm, **wqkv, **bqkv, **wo, **bo, **wgu, **bgu, **wdown, **bdown;
     const float *attn_eps, *mlp_eps, *scale;
     const int *rope;   /* 1: RoPE in this layer, 0: none (SmolLM3's NoPE layers) */
     const int *window; /* sliding window width, 0 = full attention */
-    const bf16 *final_norm;
+    const elem *final_norm;
     float final_eps;
-    const bf16 *lm_w, *lm_b;
-    bf16 *keys, *values; /* (N, Hk, S, hd): RoPE'd keys and values, one slot per position */
+    const elem *lm_w, *lm_b;
+    elem *keys, *values; /* (N, Hk, S, hd): RoPE'd keys and values, one slot per position */
 } Model;
 
-/* orow (hd) = bf16(sum over the n slots, in order, of (s[i] * inv) * v[slot i]); NV >= hd / 16 */
-static inline __attribute__((always_inline)) void value_sum(const float *s, float inv, int n, int n_old, int start,
-                                                             const int *anc_r, const bf16 *vh, int hd, bf16 *orow, const int NV) {
+/* oacc (hd) fp32 += sum over slots i0..i1-1, in order, of (s[i] * inv) * v[slot i]; NV >= hd / 16.
+ * Called block after block, it is one FMA chain per lane over all the slots in slot order. */
+static inline __attribute__((always_inline)) void value_block(const float *s, float inv, int i0, int i1, int n_old, int start,
+                                                               const int *anc_r, const elem *vh, int hd, float *oacc, const int NV) {
     __m512 o[16];
-    for (int j = 0; j < NV; j++) o[j] = _mm512_setzero_ps();
-    for (int i = 0; i < n; i++) {
+    for (int j = 0; j < NV; j++) o[j] = ldf(oacc + 16 * j, hd - 16 * j);
+    for (int i = i0; i < i1; i++) {
         const float pi = s[i] * inv;
         if (pi == 0.0f) continue;
         const int sl = i < n_old ? i : start + (anc_r ? anc_r[i - n_old] : i - n_old);
-        const bf16 *vr = vh + (size_t)sl * hd;
+        const elem *vr = vh + (size_t)sl * hd;
         const __m512 pv = _mm512_set1_ps(pi);
         for (int j = 0; j < NV; j++) o[j] = _mm512_fmadd_ps(pv, ld16(vr + 16 * j, hd - 16 * j), o[j]);
     }
-    for (int j = 0; j < NV && 16 * j < hd; j++) st16(orow + 16 * j, o[j], hd - 16 * j);
+    for (int j = 0; j < NV; j++) _mm512_mask_storeu_ps(oacc + 16 * j, m16(hd - 16 * j), o[j]);
 }
+
+/* s[j] = scale * (kp[j] . q) for j < cnt (<= 16 slots): each slot's lanes summed by one
+ * transposed tree, 16 slots at once; per slot it is the tree of _mm512_reduce_add_ps (lanes
+ * l + l+8, then + l+4, then + l+2, then + l+1), the same whichever slots share the group. */
+static inline void scores16(const elem *const *kp, const elem *q, int hd, float scale, float *s, int cnt) {
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d += KSTEP) {
+        const kvec qv = ldk(q + d, hd - d);
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) acc[j] = dotk(acc[j], ldk(kp[j] + d, hd - d), qv);
+    }
+    __m512 v[8], w[4], u[2];
+    for (int m = 0; m < 8; m++) /* [acc 2m: l + l+8 | acc 2m+1: l + l+8] */
+        v[m] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * m], acc[2 * m + 1], 0x44), _mm512_shuffle_f32x4(acc[2 * m], acc[2 * m + 1], 0xEE));
+    for (int m = 0; m < 4; m++) /* 128-bit block b: acc 4m + b, + l+4 */
+        w[m] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * m], v[2 * m + 1], 0x88), _mm512_shuffle_f32x4(v[2 * m], v[2 * m + 1], 0xDD));
+    for (int m = 0; m < 2; m++) /* block b: [acc 8m + b: 2 sums, acc 8m + 4 + b: 2 sums], + l+2 */
+        u[m] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * m], w[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(w[2 * m], w[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* + l+1: lane 4b + q holds slot 4q + b; transposed back to slot order */
+    const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    _mm512_mask_storeu_ps(s, m16(cnt), _mm512_mul_ps(_mm512_permutexvar_ps(idx, t), _mm512_set1_ps(scale)));
+}
+
+/* floats of attention scratch per thread: the scores and value sums of one key/value head's query heads */
+#define ATTEND_SCRATCH(S, H, Hk) ((size_t)((H) / (Hk)) * ((S) + 16 + 256))
 
 /* Attention of rows [0, T) over their slots: committed slots 0..start-1 in order, then
  * start + anc[r * T + a] for a < nanc[r] (its ancestors and itself, in depth order).
- * K, Vv (Hk, S, hd): one layer of the cache. q (T, H, hd) bf16, out (T, H * hd) bf16.
- * win > 0: only positions > pos[r] - win are visible. */
-static void attend(const bf16 *K, const bf16 *Vv, int S, int H, int Hk, int hd, float scale, int win,
+ * K, Vv (Hk, S, hd): one layer of the cache. q (T, H, hd), out (T, H * hd).
+ * win > 0: only positions > pos[r] - win + 1 are visible.
+ * One task per (row, key/value head): its g = H / Hk query heads take turns on each block of
+ * slots while the block's keys and values are in L1. Each (row, query head) still computes
+ * exactly as alone (the same chains in the same order). */
+static void attend(const elem *K, const elem *Vv, int S, int H, int Hk, int hd, float scale, int win,
                    int T, int start, const int *pos, const int *nanc, const int *anc,
-                   const bf16 *q, bf16 *out, float *scratch) {
-    const int g = H / Hk;
+                   const elem *q, elem *out, float *scratch) {
+    const int g = H / Hk, nv = (hd + 15) / 16;
 #pragma omp for schedule(static) collapse(2)
     for (int r = 0; r < T; r++) {
-        for (int h = 0; h < H; h++) {
-            float *s = scratch + (size_t)omp_get_thread_num() * (S + 16);
-            const bf16 *kh = K + (size_t)(h / g) * S * hd, *vh = Vv + (size_t)(h / g) * S * hd;
-            const bf16 *qh = q + ((size_t)r * H + h) * hd;
+        for (int hk = 0; hk < Hk; hk++) {
+            float *s0 = scratch + (size_t)omp_get_thread_num() * ATTEND_SCRATCH(S, H, Hk); /* g x (S + 16) scores */
+            float *oacc = s0 + (size_t)g * (S + 16), inv[64];                          /* g x 256 value sums */
+            const elem *kh = K + (size_t)hk * S * hd, *vh = Vv + (size_t)hk * S * hd;
             const int lo = win > 0 && pos[r] - win + 1 > 0 ? pos[r] - win + 1 : 0; /* first visible position */
             const int n_old = start, n = n_old + (anc ? nanc[r] : r + 1);
-            /* scores, fp32, one dpbf16 chain per slot; masked slots get -inf */
-            for (int i = 0; i < n; i++) {
-                const int a = i < n_old ? 0 : anc ? anc[r * T + (i - n_old)] : i - n_old; /* the new row there */
-                const int sl = i < n_old ? i : start + a, p = i < n_old ? i : pos[a];
-                if (p < lo) { s[i] = -INFINITY; continue; }
-                const bf16 *kr = kh + (size_t)sl * hd;
-                __m512 acc = _mm512_setzero_ps();
-                for (int d = 0; d < hd; d += 32) {
-                    const __mmask32 mk = m32(hd - d);
-                    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(mk, kr + d),
-                                           (__m512bh)_mm512_maskz_loadu_epi16(mk, qh + d));
+            const int *anc_r = anc ? anc + r * T : NULL;
+            /* scores, fp32, one dpbf16 / FMA chain per slot, 16 slots at a time; masked slots get -inf */
+            for (int i0 = 0; i0 < n; i0 += 16) {
+                const int cnt = n - i0 < 16 ? n - i0 : 16;
+                const elem *kp[16];
+                for (int j = 0; j < 16; j++) {
+                    const int i = i0 + (j < cnt ? j : 0);
+                    kp[j] = kh + (size_t)(i < n_old ? i : start + (anc_r ? anc_r[i - n_old] : i - n_old)) * hd;
                 }
-                s[i] = _mm512_reduce_add_ps(acc) * scale;
+                for (int e = 0; e < g; e++) {
+                    float *s = s0 + (size_t)e * (S + 16);
+                    scores16(kp, q + ((size_t)r * H + hk * g + e) * hd, hd, scale, s + i0, cnt);
+                    for (int i = i0; lo > 0 && i < i0 + cnt; i++) {
+                        const int p = i < n_old ? i : pos[anc_r ? anc_r[i - n_old] : i - n_old];
+                        if (p < lo) s[i] = -INFINITY;
+                    }
+                }
             }
-            /* softmax over the n scores in 16-lane steps (the tail masked: -inf -> 0) */
-            __m512 mx = _mm512_set1_ps(-INFINITY);
-            for (int i = 0; i < n; i += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m16(n - i), s + i));
-            const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-            __m512 sum = _mm512_setzero_ps();
-            for (int i = 0; i < n; i += 16) {
-                const __mmask16 mk = m16(n - i);
-                const __m512 e = _mm512_maskz_mov_ps(mk, vexp(_mm512_sub_ps(_mm512_mask_loadu_ps(vmax, mk, s + i), vmax)));
-                _mm512_mask_storeu_ps(s + i, mk, e);
-                sum = _mm512_add_ps(sum, e);
+            /* softmax over each head's n scores in 16-lane steps (the tail masked: -inf -> 0) */
+            for (int e = 0; e < g; e++) {
+                float *s = s0 + (size_t)e * (S + 16);
+                __m512 mx = _mm512_set1_ps(-INFINITY);
+                for (int i = 0; i < n; i += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m16(n - i), s + i));
+                const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+                __m512 sum = _mm512_setzero_ps();
+                for (int i = 0; i < n; i += 16) {
+                    const __mmask16 mk = m16(n - i);
+                    const __m512 ex = _mm512_maskz_mov_ps(mk, vexp(_mm512_sub_ps(_mm512_mask_loadu_ps(vmax, mk, s + i), vmax)));
+                    _mm512_mask_storeu_ps(s + i, mk, ex);
+                    sum = _mm512_add_ps(sum, ex);
+                }
+                inv[e] = 1.0f / _mm512_reduce_add_ps(sum);
+                memset(oacc + (size_t)e * 256, 0, sizeof(float) * hd);
             }
-            const float inv = 1.0f / _mm512_reduce_add_ps(sum);
-            /* the weighted value sum in slot order; hd <= 256 */
-            const int nv = (hd + 15) / 16;
-            bf16 *orow = out + (size_t)r * H * hd + (size_t)h * hd;
-            switch (nv) { /* a constant register count: the sums stay in registers */
-                case 4: value_sum(s, inv, n, n_old, start, anc ? anc + r * T : NULL, vh, hd, orow, 4); break;
-                case 8: value_sum(s, inv, n, n_old, start, anc ? anc + r * T : NULL, vh, hd, orow, 8); break;
-                default: value_sum(s, inv, n, n_old, start, anc ? anc + r * T : NULL, vh, hd, orow, 16); break;
+            /* the weighted value sums in slot order, 32 slots at a time for every head; hd <= 256 */
+            for (int i0 = 0; i0 < n; i0 += 32) {
+                const int i1 = n - i0 < 32 ? n : i0 + 32;
+                for (int e = 0; e < g; e++) {
+                    const float *s = s0 + (size_t)e * (S + 16);
+                    float *oe = oacc + (size_t)e * 256;
+                    switch (nv) { /* a constant register count: the sums stay in registers */
+                        case 4: value_block(s, inv[e], i0, i1, n_old, start, anc_r, vh, hd, oe, 4); break;
+                        case 8: value_block(s, inv[e], i0, i1, n_old, start, anc_r, vh, hd, oe, 8); break;
+                        default: value_block(s, inv[e], i0, i1, n_old, start, anc_r, vh, hd, oe, 16); break;
+                    }
+                }
+            }
+            for (int e = 0; e < g; e++) {
+                elem *orow = out + (size_t)r * H * hd + (size_t)(hk * g + e) * hd;
+                for (int d = 0; d < hd; d += 16) st16(orow + d, ldf(oacc + (size_t)e * 256 + d, hd - d), hd - d);
             }
         }
     }
@@ -340,36 +438,36 @@ static void attend(const bf16 *K, const bf16 *Vv, int S, int H, int Hk, int hd, 
  * cos, sin (T, hd) bf16: the rotary table at those positions, sin with its first half negated.
  * feat_layers (nfeat,): layer indices whose input rows to copy to feats (nfeat, T, D) in that
  * order (index N: the final normed rows). logits (Tk, V) fp32 for the last Tk rows. */
-void fused_forward(const Model *m, bf16 *x, int T, int start, const int *pos, const int *nanc, const int *anc,
-                   const bf16 *cos, const bf16 *sin, int nfeat, const int *feat_layers, bf16 *feats,
+void fused_forward(const Model *m, elem *x, int T, int start, const int *pos, const int *nanc, const int *anc,
+                   const elem *cos, const elem *sin, int nfeat, const int *feat_layers, elem *feats,
                    int Tk, float *logits, int nthreads) {
     const int D = m->D, H = m->H, Hk = m->Hk, hd = m->hd, M = m->M, S = m->S;
     const int Q = (H + 2 * Hk) * hd;
     const int wide = Q > 2 * M ? Q : 2 * M;
     float *y = malloc(sizeof(float) * (size_t)T * (wide > D ? wide : D));
-    bf16 *h = malloc(sizeof(bf16) * (size_t)T * (D > H * hd ? D : H * hd));
-    bf16 *qb = malloc(sizeof(bf16) * (size_t)T * H * hd);
-    bf16 *ab = malloc(sizeof(bf16) * (size_t)T * H * hd);
-    bf16 *gb = malloc(sizeof(bf16) * (size_t)T * M);
-    float *scratch = malloc(sizeof(float) * (size_t)nthreads * (S + 16));
+    elem *h = malloc(sizeof(elem) * (size_t)T * (D > H * hd ? D : H * hd));
+    elem *qb = malloc(sizeof(elem) * (size_t)T * H * hd);
+    elem *ab = malloc(sizeof(elem) * (size_t)T * H * hd);
+    elem *gb = malloc(sizeof(elem) * (size_t)T * M);
+    float *scratch = malloc(sizeof(float) * (size_t)nthreads * ATTEND_SCRATCH(S, H, Hk));
     const int widest_in = D > M ? (D > H * hd ? D : H * hd) : (M > H * hd ? M : H * hd);
-    bf16 *xv = malloc(sizeof(bf16) * (size_t)((T + 15) / 16 * 16) * widest_in);
+    elem *xv = malloc(sizeof(elem) * (size_t)((T + 15) / 16 * 16) * widest_in);
     float *ly = Tk > 0 ? malloc(sizeof(float) * (size_t)Tk * m->V) : NULL;
 #pragma omp parallel num_threads(nthreads)
     {
         for (int l = 0; l < m->n_layers; l++) {
 #pragma omp single
             for (int f = 0; f < nfeat; f++)
-                if (feat_layers[f] == l) memcpy(feats + (size_t)f * T * D, x, sizeof(bf16) * (size_t)T * D);
+                if (feat_layers[f] == l) memcpy(feats + (size_t)f * T * D, x, sizeof(elem) * (size_t)T * D);
             /* attention */
             rms_norm(x, T, D, m->attn_norm[l], m->attn_eps[l], h);
             matmul(h, T, D, m->wqkv[l], Q, y, xv);
-            const bf16 *bq = m->bqkv[l];
-            bf16 *Kl = m->keys + (size_t)l * Hk * S * hd, *Vl = m->values + (size_t)l * Hk * S * hd;
+            const elem *bq = m->bqkv[l];
+            elem *Kl = m->keys + (size_t)l * Hk * S * hd, *Vl = m->values + (size_t)l * Hk * S * hd;
 #pragma omp for schedule(static) collapse(2)
             for (int r = 0; r < T; r++) {
                 for (int hh = 0; hh < H + 2 * Hk; hh++) { /* one head of q, k or v: bias, RoPE, its place */
-                    bf16 *dst = hh < H ? qb + ((size_t)r * H + hh) * hd
+                    elem *dst = hh < H ? qb + ((size_t)r * H + hh) * hd
                               : hh < H + Hk ? Kl + ((size_t)(hh - H) * S + start + r) * hd
                                             : Vl + ((size_t)(hh - H - Hk) * S + start + r) * hd;
                     project_head(y + (size_t)r * Q + (size_t)hh * hd, bq ? bq + hh * hd : NULL, hd,
@@ -389,9 +487,9 @@ void fused_forward(const Model *m, bf16 *x, int T, int start, const int *pos, co
         rms_norm(x, T, D, m->final_norm, m->final_eps, h);
 #pragma omp single
         {
-            memcpy(x, h, sizeof(bf16) * (size_t)T * D);
+            memcpy(x, h, sizeof(elem) * (size_t)T * D);
             for (int f = 0; f < nfeat; f++)
-                if (feat_layers[f] == m->n_layers) memcpy(feats + (size_t)f * T * D, x, sizeof(bf16) * (size_t)T * D);
+                if (feat_layers[f] == m->n_layers) memcpy(feats + (size_t)f * T * D, x, sizeof(elem) * (size_t)T * D);
         }
         if (Tk > 0) {
             matmul(x + (size_t)(T - Tk) * D, Tk, D, m->lm_w, m->V, ly, xv);
@@ -407,8 +505,8 @@ void fused_forward(const Model *m, bf16 *x, int T, int start, const int *pos, co
 }
 
 /* y (R, O) fp32 = x (R, I) @ w (O, I)^T: the forward's matmul alone (tests, measurements). */
-void fused_matmul(const bf16 *x, int R, int I, const bf16 *w, int O, float *y, int nthreads) {
-    bf16 *xv = malloc(sizeof(bf16) * (size_t)((R + 15) / 16 * 16) * I);
+void fused_matmul(const elem *x, int R, int I, const elem *w, int O, float *y, int nthreads) {
+    elem *xv = malloc(sizeof(elem) * (size_t)((R + 15) / 16 * 16) * I);
 #pragma omp parallel num_threads(nthreads)
     matmul(x, R, I, w, O, y, xv);
     free(xv);
@@ -420,8 +518,8 @@ void fused_matmul(const bf16 *x, int R, int I, const bf16 *w, int O, float *y, i
 typedef struct {
     int D, H, Hk, hd, M, n_blocks;
     float eps, final_eps;
-    const bf16 *norm_state, *norm_embed, *fc, *final_norm; /* fc (D, 2D) */
-    const bf16 **norm_attn, **wq, **wo, **norm_mlp, **wgu, **wdown; /* per block */
+    const elem *norm_state, *norm_embed, *fc, *final_norm; /* fc (D, 2D) */
+    const elem **norm_attn, **wq, **wo, **norm_mlp, **wgu, **wdown; /* per block */
 } Head;
 
 /* R rows at one position (a chain's step: R = 1; a tree's frontier: its nodes).
@@ -429,29 +527,29 @@ typedef struct {
  * signed as above); keys, values (Hk, S, hd): the target's layer the head reads, slots 0..L-1.
  * Out: state_out (R, D) and logits (R, V1 + E) fp32 (bf16 values) over w_vocab (V1, D) then
  * w_extra (E, D), from the target's final norm of the new states. */
-void head_step(const Head *h, int R, const bf16 *state, const bf16 *emb, const bf16 *cos, const bf16 *sin,
-               const bf16 *keys, const bf16 *values, int S, int L, const bf16 *w_vocab, int V1,
-               const bf16 *w_extra, int E, bf16 *state_out, float *logits, int nthreads) {
+void head_step(const Head *h, int R, const elem *state, const elem *emb, const elem *cos, const elem *sin,
+               const elem *keys, const elem *values, int S, int L, const elem *w_vocab, int V1,
+               const elem *w_extra, int E, elem *state_out, float *logits, int nthreads) {
     const int D = h->D, H = h->H, hd = h->hd, M = h->M;
     int wide = 2 * D > 2 * M ? 2 * D : 2 * M;
     wide = wide > H * hd ? wide : H * hd;
-    bf16 *u = malloc(sizeof(bf16) * (size_t)R * wide), *n2 = malloc(sizeof(bf16) * (size_t)R * 2 * D);
-    bf16 *q = malloc(sizeof(bf16) * (size_t)R * H * hd), *a = malloc(sizeof(bf16) * (size_t)R * H * hd);
+    elem *u = malloc(sizeof(elem) * (size_t)R * wide), *n2 = malloc(sizeof(elem) * (size_t)R * 2 * D);
+    elem *q = malloc(sizeof(elem) * (size_t)R * H * hd), *a = malloc(sizeof(elem) * (size_t)R * H * hd);
     float *y = malloc(sizeof(float) * (size_t)R * wide);
     float *l1 = malloc(sizeof(float) * (size_t)R * V1), *l2 = E > 0 ? malloc(sizeof(float) * (size_t)R * E) : NULL;
-    bf16 *xv = malloc(sizeof(bf16) * (size_t)((R + 15) / 16 * 16) * wide);
-    float *scratch = malloc(sizeof(float) * (size_t)nthreads * (S + 16));
+    elem *xv = malloc(sizeof(elem) * (size_t)((R + 15) / 16 * 16) * wide);
+    float *scratch = malloc(sizeof(float) * (size_t)nthreads * ATTEND_SCRATCH(S, H, h->Hk));
     int *pos = malloc(sizeof(int) * R), *none = calloc(R, sizeof(int));
     for (int r = 0; r < R; r++) pos[r] = L;
-    bf16 *x = state_out; /* written by the fc step first */
+    elem *x = state_out; /* written by the fc step first */
 #pragma omp parallel num_threads(nthreads)
     {
         rms_norm(state, R, D, h->norm_state, h->eps, n2); /* u = [norm(state); norm(emb)] (R, 2D) */
         rms_norm(emb, R, D, h->norm_embed, h->eps, n2 + (size_t)R * D);
 #pragma omp for schedule(static)
         for (int r = 0; r < R; r++) {
-            memcpy(u + (size_t)r * 2 * D, n2 + (size_t)r * D, sizeof(bf16) * D);
-            memcpy(u + (size_t)r * 2 * D + D, n2 + (size_t)(R + r) * D, sizeof(bf16) * D);
+            memcpy(u + (size_t)r * 2 * D, n2 + (size_t)r * D, sizeof(elem) * D);
+            memcpy(u + (size_t)r * 2 * D + D, n2 + (size_t)(R + r) * D, sizeof(elem) * D);
         }
         matmul(u, R, 2 * D, h->fc, D, y, xv);
 #pragma omp for schedule(static)

@@ -1,5 +1,7 @@
-"""The target's whole bf16 forward as one C call (`fused.c`), for Llama-style models on x86-64
-CPUs with AVX-512 BF16 (Sapphire Rapids and later Xeons, Zen 4 and later EPYCs).
+"""The target's whole forward as one C call (`fused.c`), for Llama-style models on x86-64 CPUs
+with AVX-512: bf16 where the CPU has AVX-512 BF16 (Sapphire Rapids and later Xeons, Zen 4 and
+later EPYCs; AMX tiles where present), fp32 where it has AVX-512F (the same source built with
+-DFUSED_F32).
 
 Letters: T new tokens, D hidden size, V vocabulary, N layers, S cache slots, hd head dim.
 
@@ -7,14 +9,16 @@ Why: a one-token forward of SmolLM2-135M through torch issues ~450 small ops; on
 Xeon they cost ~11-15 ms of a ~30 ms forward (the bf16 matmuls ~15 ms), and no kernel choice
 removes that. Here one call runs every layer: the weights stream once for all rows
 (`_mm512_dpbf16_ps`), attention reads the target's own cache in place, and nothing returns to
-Python until the logits. Every row is computed independently of the others (see fused.c), so
+Python until the logits (in fp32 the extra rows of a verify pass cost ~1.3-1.5x op by op, the
+attention and elementwise steps between the matmuls; here they cost what their arithmetic does).
+Every row is computed independently of the others (see fused.c), so
 the verify pass of k + 1 rows equals k + 1 one-row passes bit for bit, and a draft tree's row
 attends its ancestors where they lie, with no copies of the cache.
 
 It reads the model's weights by reference, as `Target` does (the stacked q/k/v and gate/up
 views, the norms, the tied LM head), and writes the same `KVCache` layout, so the head
-cross-attends it unchanged. What it computes is the bf16 model as torch rounds it, up to the
-order of fp32 sums; plain decoding and speculative decoding both run it, so the guarantee
+cross-attends it unchanged. What it computes is the model as torch rounds it in its dtype, up
+to the order of fp32 sums; plain decoding and speculative decoding both run it, so the guarantee
 (speculative greedy == plain greedy, token for token) is unchanged.
 
 Used where `unsupported(target)` returns None; `MTPSPEC_FUSED=0` turns it off.
@@ -38,9 +42,12 @@ if TYPE_CHECKING:
     from .target import KVCache, Target, TargetStep
 
 SOURCE = Path(__file__).with_name("fused.c")
-FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mfma",
-         "-fopenmp", "-shared", "-fPIC")
-CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma"}
+_COMMON = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp", "-shared", "-fPIC")
+# per dtype: (compiler flags, the CPU flags they need)
+BUILDS = {
+    torch.bfloat16: (_COMMON + ("-mavx512bf16", "-mamx-tile", "-mamx-bf16"), {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma"}),
+    torch.float32: (_COMMON + ("-DFUSED_F32",), {"avx512f", "avx512bw", "avx512vl", "fma"}),
+}
 # Pre-norm families with Llama's RMSNorm, SiLU MLP and rotated halves, nothing else between
 # the matmuls: exactly what fused.c computes.
 FAMILIES = ("llama", "qwen2", "mistral", "phi3", "smollm3")
@@ -64,11 +71,13 @@ class _Head(ctypes.Structure):
 
 
 @functools.cache
-def _library() -> tuple[ctypes.CDLL | None, bool, str | None]:
-    """(the library, whether its matmuls run on AMX, None), or (None, False, why not)."""
+def _library(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, bool, str | None]:
+    """(the library for `dtype`, whether its matmuls run on AMX, None), or (None, False, why not)."""
     if os.environ.get("MTPSPEC_FUSED", "1") == "0":
         return None, False, "disabled by MTPSPEC_FUSED=0"
-    so, why = native.build(SOURCE, FLAGS, CPU_FLAGS)
+    if dtype not in BUILDS:
+        return None, False, f"the fused forward runs bf16 or fp32, not {dtype}"
+    so, why = native.build(SOURCE, *BUILDS[dtype])
     if so is None:
         return None, False, why
     so.fused_forward.argtypes = [ctypes.POINTER(_Model), _P, ctypes.c_int, ctypes.c_int, _P, _P, _P, _P, _P,
@@ -81,39 +90,42 @@ def _library() -> tuple[ctypes.CDLL | None, bool, str | None]:
     so.head_step.restype = None
     # AMX where the CPU has it (and MTPSPEC_AMX is not 0): once per process, so every forward
     # of the process runs the same matmul kernel
-    want_amx = {"amx_tile", "amx_bf16"} <= set(native.cpuinfo("flags").split()) and os.environ.get("MTPSPEC_AMX", "1") != "0"
+    want_amx = dtype == torch.bfloat16 and {"amx_tile", "amx_bf16"} <= set(native.cpuinfo("flags").split()) \
+        and os.environ.get("MTPSPEC_AMX", "1") != "0"
     so.fused_init.argtypes = [ctypes.c_int]
     so.fused_init.restype = ctypes.c_int
     return so, bool(so.fused_init(int(want_amx))), None
 
 
-def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
-    so, _, why = _library()
+def _loaded(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, str | None]:
+    so, _, why = _library(dtype)
     return so, why
 
 
 def uses_amx() -> bool:
-    """Whether the fused matmuls run on AMX tiles here (else AVX-512 BF16 dot products)."""
-    return _library()[1]
+    """Whether the fused bf16 matmuls run on AMX tiles here (else AVX-512 BF16 dot products)."""
+    return _library(torch.bfloat16)[1]
 
 
-def reason() -> str | None:
-    """Why the fused forward cannot run on this machine at all, or None if it can."""
-    return _loaded()[1]
+def reason(dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """Why the fused forward cannot run in `dtype` on this machine at all, or None if it can."""
+    return _loaded(dtype)[1]
 
 
 def unsupported(target: Target) -> str | None:
     """Why `target` cannot run through the fused forward, or None if it can."""
-    if (why := reason()) is not None:
+    if target.device.type != "cpu":
+        return f"the fused forward runs on the CPU; the target is on {target.device}"
+    if (why := reason(target.dtype)) is not None:
         return why
-    if target.dtype != torch.bfloat16 or target.device.type != "cpu":
-        return f"the fused forward runs bf16 on the CPU; the target is {target.dtype} on {target.device}"
     if target.model_type not in FAMILIES:
         return f"the fused forward covers {', '.join(FAMILIES)}, not {target.model_type}"
     cfg = target.config
     if getattr(cfg, "hidden_act", "silu") != "silu" or target.interleaved_rope or target.residual_multiplier != 1.0 \
-            or target.attn_softcap is not None or target.head_dim % 2 or target.head_dim > 256:
-        return "the fused forward needs SiLU, half-rotated RoPE, no residual multiplier or attention soft-cap, head dim <= 256"
+            or target.attn_softcap is not None or target.head_dim % 2 or target.head_dim > 256 \
+            or target.num_heads // target.num_kv_heads > 64:
+        return ("the fused forward needs SiLU, half-rotated RoPE, no residual multiplier or attention soft-cap, "
+                "head dim <= 256, at most 64 query heads per key/value head")
     for L in target._layers:
         if not is_silu(L.act):
             return f"the fused forward computes SiLU MLPs; a layer uses {type(L.act).__name__}"
@@ -127,15 +139,16 @@ class _Weights:
     storage is held (a parameter given new data never frees what C reads), and `current` says
     whether every parameter still holds the data that was read."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
         self.read: list[tuple[torch.Tensor, int]] = []  # (parameter, the data_ptr read)
         self.keep: list[object] = []  # tensors and ctypes arrays the struct points into
 
     def ptr(self, t: torch.Tensor | None) -> int | None:
         if t is None:
             return None
-        if t.dtype != torch.bfloat16 or not t.is_contiguous():
-            raise ValueError("the fused kernels read contiguous bf16 weights in place")
+        if t.dtype != self.dtype or not t.is_contiguous():
+            raise ValueError(f"the fused kernels read contiguous {self.dtype} weights in place; got {t.dtype}")
         self.read.append((t, t.data_ptr()))
         self.keep.append(t.detach())
         return t.data_ptr()
@@ -165,7 +178,7 @@ class FusedForward:
         mods = target.model.model
         layers = list(mods.layers)
         Ls = target._layers
-        self.weights = W = _Weights()
+        self.weights = W = _Weights(target.dtype)
         m = _Model(n_layers=len(Ls), D=target.hidden_size, H=target.num_heads, Hk=target.num_kv_heads,
                    hd=target.head_dim, M=int(Ls[0].gate_up[0].shape[0]) // 2, V=target.vocab_size, S=0)
         m.attn_norm = W.table([lay.input_layernorm.weight for lay in layers])
@@ -190,9 +203,9 @@ class FusedForward:
                  positions: torch.Tensor | None, tree_mask: torch.Tensor | None, logits_to_keep: int) -> TargetStep:
         from .target import TargetStep, signed_sin
 
-        so = _loaded()[0]
-        assert so is not None
         tgt = self.target
+        so = _loaded(tgt.dtype)[0]
+        assert so is not None
         T = int(input_ids.shape[1])
         start = cache.length
         cache.reserve(start + T)
@@ -200,10 +213,11 @@ class FusedForward:
             raise ValueError("the fused forward writes a plain contiguous cache (no tree planes)")
         if positions is None:
             positions = torch.arange(start, start + T)
-        x = tgt.embed_tokens(input_ids)[0].to(torch.bfloat16).contiguous()  # (T, D): a fresh tensor, written in place
+        dt = tgt.dtype
+        x = tgt.embed_tokens(input_ids)[0].to(dt).contiguous()  # (T, D): a fresh tensor, written in place
         cos, sin = tgt._rope_table("", x, positions[None])  # (1, T, hd) each
-        cos = cos[0].to(torch.bfloat16).contiguous()
-        sin = signed_sin(sin[0]).to(torch.bfloat16).contiguous()
+        cos = cos[0].to(dt).contiguous()
+        sin = signed_sin(sin[0]).to(dt).contiguous()
         pos = positions.to(torch.int32).contiguous()
         nanc = anc = None
         if tree_mask is not None and not bool((tree_mask == torch.ones_like(tree_mask).tril()).all()):
@@ -238,8 +252,8 @@ def head_unsupported(head: MTPHead) -> str | None:
     if head.target.engine != "fused":
         return f"its target runs op by op ({head.target.engine_reason()})"
     blocks = list(head.blocks)
-    if head.fc.weight.dtype != torch.bfloat16 or head.fc.weight.device.type != "cpu":
-        return "the fused head step runs a bf16 head on the CPU"
+    if head.fc.weight.dtype != head.target.dtype or head.fc.weight.device.type != "cpu":
+        return f"the fused head step runs a head in its target's dtype ({head.target.dtype}) on the CPU"
     if len({b.mlp_hidden for b in blocks}) > 1 or any(b.H != head.target.num_heads or b.hd != head.target.head_dim for b in blocks):
         return "the fused head step needs blocks of one shape with the target's heads"
     return None
@@ -247,15 +261,15 @@ def head_unsupported(head: MTPHead) -> str | None:
 
 class FusedHead:
     """`MTPHead.step` + `project` for the rows of one draft depth as one C call (`head_step` in
-    fused.c): the same computation, rounded as a bf16 torch run rounds it, up to the order of
-    fp32 sums."""
+    fused.c): the same computation, rounded as a torch run in the target's dtype rounds it, up
+    to the order of fp32 sums."""
 
     def __init__(self, head: MTPHead):
         from .target import _eps
 
         tgt = head.target
         blocks = list(head.blocks)
-        self.head, self.weights = head, (W := _Weights())
+        self.head, self.weights = head, (W := _Weights(tgt.dtype))
         M = blocks[0].mlp_hidden if blocks else 0
         h = _Head(D=tgt.hidden_size, H=tgt.num_heads, Hk=tgt.num_kv_heads, hd=tgt.head_dim, M=M, n_blocks=len(blocks),
                   eps=head.norm_state.eps, final_eps=_eps(tgt.final_norm))
@@ -278,13 +292,14 @@ class FusedHead:
         """(1, R, D) states, (1, R) tokens, all at one position with (hd,) rotary tables there ->
         the next states (1, R, D) and logits (R, V1 + E) over the draft vocabulary then `extra`
         (E, D) rows. R = 1 for a chain's step, a tree's frontier otherwise."""
-        so = _loaded()[0]
-        assert so is not None
         tgt = self.head.target
+        dt = tgt.dtype
+        so = _loaded(dt)[0]
+        assert so is not None
         R = int(tokens.shape[1])
-        state = state.to(torch.bfloat16).contiguous()
-        emb = tgt.embed_tokens(tokens).to(torch.bfloat16).contiguous()  # (1, R, D)
-        cos, sin_signed = cos.to(torch.bfloat16).contiguous(), sin_signed.to(torch.bfloat16).contiguous()
+        state = state.to(dt).contiguous()
+        emb = tgt.embed_tokens(tokens).to(dt).contiguous()  # (1, R, D)
+        cos, sin_signed = cos.to(dt).contiguous(), sin_signed.to(dt).contiguous()
         E = 0 if extra is None else int(extra.shape[0])
         if extra is not None:
             extra = extra.contiguous()
