@@ -362,16 +362,21 @@ static inline void scores16(const elem *const *kp, const elem *q, int hd, float 
  * start + anc[r * T + a] for a < nanc[r] (its ancestors and itself, in depth order).
  * K, Vv (Hk, S, hd): one layer of the cache. q (T, H, hd), out (T, H * hd).
  * win > 0: only positions > pos[r] - win + 1 are visible.
- * One task per (row, key/value head): its g = H / Hk query heads take turns on each block of
- * slots while the block's keys and values are in L1. Each (row, query head) still computes
- * exactly as alone (the same chains in the same order). */
+ * One task per (row, key/value head, group of gs of its g = H / Hk query heads): the group's
+ * heads take turns on each block of slots while the block's keys and values are in L1; gs is
+ * halved until there are two tasks per thread. Each (row, query head) computes exactly as
+ * alone whatever the grouping (the same chains in the same order). */
 static void attend(const elem *K, const elem *Vv, int S, int H, int Hk, int hd, float scale, int win,
                    int T, int start, const int *pos, const int *nanc, const int *anc,
                    const elem *q, elem *out, float *scratch) {
     const int g = H / Hk, nv = (hd + 15) / 16;
+    int gs = g;
+    while (gs > 1 && T * Hk * ((g + gs - 1) / gs) < 2 * omp_get_num_threads()) gs = (gs + 1) / 2;
+    const int ng = (g + gs - 1) / gs;
 #pragma omp for schedule(static) collapse(2)
     for (int r = 0; r < T; r++) {
-        for (int hk = 0; hk < Hk; hk++) {
+        for (int task = 0; task < Hk * ng; task++) {
+            const int hk = task / ng, e0 = task % ng * gs, e1 = e0 + gs < g ? e0 + gs : g; /* heads hk * g + [e0, e1) */
             float *s0 = scratch + (size_t)omp_get_thread_num() * ATTEND_SCRATCH(S, H, Hk); /* g x (S + 16) scores */
             float *oacc = s0 + (size_t)g * (S + 16), inv[64];                          /* g x 256 value sums */
             const elem *kh = K + (size_t)hk * S * hd, *vh = Vv + (size_t)hk * S * hd;
@@ -386,7 +391,7 @@ static void attend(const elem *K, const elem *Vv, int S, int H, int Hk, int hd, 
                     const int i = i0 + (j < cnt ? j : 0);
                     kp[j] = kh + (size_t)(i < n_old ? i : start + (anc_r ? anc_r[i - n_old] : i - n_old)) * hd;
                 }
-                for (int e = 0; e < g; e++) {
+                for (int e = e0; e < e1; e++) {
                     float *s = s0 + (size_t)e * (S + 16);
                     scores16(kp, q + ((size_t)r * H + hk * g + e) * hd, hd, scale, s + i0, cnt);
                     for (int i = i0; lo > 0 && i < i0 + cnt; i++) {
@@ -396,7 +401,7 @@ static void attend(const elem *K, const elem *Vv, int S, int H, int Hk, int hd, 
                 }
             }
             /* softmax over each head's n scores in 16-lane steps (the tail masked: -inf -> 0) */
-            for (int e = 0; e < g; e++) {
+            for (int e = e0; e < e1; e++) {
                 float *s = s0 + (size_t)e * (S + 16);
                 __m512 mx = _mm512_set1_ps(-INFINITY);
                 for (int i = 0; i < n; i += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m16(n - i), s + i));
@@ -414,7 +419,7 @@ static void attend(const elem *K, const elem *Vv, int S, int H, int Hk, int hd, 
             /* the weighted value sums in slot order, 32 slots at a time for every head; hd <= 256 */
             for (int i0 = 0; i0 < n; i0 += 32) {
                 const int i1 = n - i0 < 32 ? n : i0 + 32;
-                for (int e = 0; e < g; e++) {
+                for (int e = e0; e < e1; e++) {
                     const float *s = s0 + (size_t)e * (S + 16);
                     float *oe = oacc + (size_t)e * 256;
                     switch (nv) { /* a constant register count: the sums stay in registers */
@@ -424,7 +429,7 @@ static void attend(const elem *K, const elem *Vv, int S, int H, int Hk, int hd, 
                     }
                 }
             }
-            for (int e = 0; e < g; e++) {
+            for (int e = e0; e < e1; e++) {
                 elem *orow = out + (size_t)r * H * hd + (size_t)(hk * g + e) * hd;
                 for (int d = 0; d < hd; d += 16) st16(orow + d, ldf(oacc + (size_t)e * 256 + d, hd - d), hd - d);
             }
