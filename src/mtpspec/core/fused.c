@@ -312,21 +312,55 @@ typedef struct {
     elem *keys, *values; /* (N, Hk, S, hd): RoPE'd keys and values, one slot per position */
 } Model;
 
-/* oacc (hd) fp32 += sum over slots i0..i1-1, in order, of (s[i] * inv) * v[slot i]; NV >= hd / 16.
- * Called block after block, it is one FMA chain per lane over all the slots in slot order. */
-static inline __attribute__((always_inline)) void value_block(const float *s, float inv, int i0, int i1, int n_old, int start,
-                                                               const int *anc_r, const elem *vh, int hd, float *oacc, const int NV) {
-    __m512 o[16];
-    for (int j = 0; j < NV; j++) o[j] = ldf(oacc + 16 * j, hd - 16 * j);
-    for (int i = i0; i < i1; i++) {
-        const float pi = s[i] * inv;
-        if (pi == 0.0f) continue;
-        const int sl = i < n_old ? i : start + (anc_r ? anc_r[i - n_old] : i - n_old);
-        const elem *vr = vh + (size_t)sl * hd;
-        const __m512 pv = _mm512_set1_ps(pi);
-        for (int j = 0; j < NV; j++) o[j] = _mm512_fmadd_ps(pv, ld16(vr + 16 * j, hd - 16 * j), o[j]);
+/* For each of NQ queries j: oacc[j] (hd) fp32 += sum over the cnt rows v (cnt, hd) fp32, in
+ * order, of p[j][i] * v[i] (p: the normalised probabilities); NV >= hd / 16. Called block after block, it is one FMA
+ * chain per lane over a query's slots in slot order, the same whichever queries share the
+ * call (they only share the loads of v, and their chains run side by side, not one after
+ * another's latency). */
+static inline __attribute__((always_inline)) void value_rows(const float *const *p, int cnt, const float *v,
+                                                              int hd, float *const *oacc, const int NQ, const int NV) {
+    __m512 o[6][16];
+#pragma GCC unroll 6
+    for (int q = 0; q < NQ; q++)
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; j++) o[q][j] = ldf(oacc[q] + 16 * j, hd - 16 * j);
+    for (int i = 0; i < cnt; i++) {
+        __m512 vv[16];
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; j++) vv[j] = ldf(v + (size_t)i * hd + 16 * j, hd - 16 * j);
+#pragma GCC unroll 6
+        for (int q = 0; q < NQ; q++) {
+            const __m512 pv = _mm512_set1_ps(p[q][i]);
+#pragma GCC unroll 16
+            for (int j = 0; j < NV; j++) o[q][j] = _mm512_fmadd_ps(pv, vv[j], o[q][j]);
+        }
     }
-    for (int j = 0; j < NV; j++) _mm512_mask_storeu_ps(oacc + 16 * j, m16(hd - 16 * j), o[j]);
+#pragma GCC unroll 6
+    for (int q = 0; q < NQ; q++)
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; j++) _mm512_mask_storeu_ps(oacc[q] + 16 * j, m16(hd - 16 * j), o[q][j]);
+}
+
+/* value_rows for nq queries (score rows p[j] and sums oacc[j]), several at a time */
+static void value_sum(const float *const *p, int nq, int cnt, const float *v, int hd, float *const *oacc) {
+    const int nv = (hd + 15) / 16;
+    for (int q = 0; q < nq;) {
+        const int left = nq - q;
+        if (nv <= 4) { /* a constant register count: the sums stay in registers */
+            switch (left >= 5 ? 5 : left) {
+                case 1: value_rows(p + q, cnt, v, hd, oacc + q, 1, 4); q += 1; break;
+                case 2: value_rows(p + q, cnt, v, hd, oacc + q, 2, 4); q += 2; break;
+                case 3: value_rows(p + q, cnt, v, hd, oacc + q, 3, 4); q += 3; break;
+                case 4: value_rows(p + q, cnt, v, hd, oacc + q, 4, 4); q += 4; break;
+                default: value_rows(p + q, cnt, v, hd, oacc + q, 5, 4); q += 5; break;
+            }
+        } else if (nv <= 8) {
+            if (left >= 2) { value_rows(p + q, cnt, v, hd, oacc + q, 2, 8); q += 2; }
+            else { value_rows(p + q, cnt, v, hd, oacc + q, 1, 8); q += 1; }
+        } else {
+            value_rows(p + q, cnt, v, hd, oacc + q, 1, 16); q += 1;
+        }
+    }
 }
 
 /* s[j] = scale * (kp[j] . q) for j < cnt (<= 16 slots): each slot's lanes summed by one
@@ -355,54 +389,128 @@ static inline void scores16(const elem *const *kp, const elem *q, int hd, float 
     _mm512_mask_storeu_ps(s, m16(cnt), _mm512_mul_ps(_mm512_permutexvar_ps(idx, t), _mm512_set1_ps(scale)));
 }
 
-/* floats of attention scratch per thread: the scores and value sums of one key/value head's query heads */
-#define ATTEND_SCRATCH(S, H, Hk) ((size_t)((H) / (Hk)) * ((S) + 16 + 256))
+#ifndef FUSED_F32
+/* Scores of N <= 16 queries against 16 key rows by AMX: c[i * N + n] = k row i . query n, each
+ * one chain of TDPBF16PS steps over hd in 32-element steps (hd % 32 == 0), whatever the other
+ * rows and queries of the tile. k rows at kb + i * kstride; qv: the queries in VNNI pairs
+ * [hd / 2][N][2]. The tile configuration is set by the caller (attend). */
+static inline void amx_scores16(const bf16 *kb, int kstride, const bf16 *qv, int N, int hd, float *c) {
+    _tile_zero(0);
+    for (int k = 0; k < hd; k += 32) {
+        _tile_loadd(1, kb + k, kstride * 2);
+        _tile_loadd(2, qv + (size_t)(k / 2) * N * 2, N * 4);
+        _tile_dpbf16ps(0, 1, 2);
+    }
+    _tile_stored(0, c, N * 4);
+}
+#endif
+
+/* floats of attention scratch per thread: scores, value sums and widened values of up to 16
+ * queries, and the AMX tiles' staging */
+#define ATTEND_SCRATCH(S) ((size_t)16 * ((S) + 16) + 16 * 256 + 32 * 256 + 16 * 256 + 16 * 16 + 16 * 256)
 
 /* Attention of rows [0, T) over their slots: committed slots 0..start-1 in order, then
  * start + anc[r * T + a] for a < nanc[r] (its ancestors and itself, in depth order).
  * K, Vv (Hk, S, hd): one layer of the cache. q (T, H, hd), out (T, H * hd).
  * win > 0: only positions > pos[r] - win + 1 are visible.
- * One task per (row, key/value head, group of gs of its g = H / Hk query heads): the group's
- * heads take turns on each block of slots while the block's keys and values are in L1; gs is
- * halved until there are two tasks per thread. Each (row, query head) computes exactly as
- * alone whatever the grouping (the same chains in the same order). */
+ *
+ * One task per (key/value head, chunk of up to 16 of its T x g queries: query (r, e) is row r's
+ * head hk * g + e): the chunk's queries share each block of committed keys and values (its
+ * scores in one AMX tile where there is AMX, else 16 slots at a time per query, reduced by one
+ * fixed tree) and each row's own ancestors come after. Chunks are halved until there are two
+ * tasks per thread. Every (row, head) computes exactly what it computes alone, whatever the
+ * chunk: each score is one chain over hd, each value sum one FMA chain per lane over the row's
+ * slots in slot order. */
 static void attend(const elem *K, const elem *Vv, int S, int H, int Hk, int hd, float scale, int win,
                    int T, int start, const int *pos, const int *nanc, const int *anc,
                    const elem *q, elem *out, float *scratch) {
-    const int g = H / Hk, nv = (hd + 15) / 16;
-    int gs = g;
-    while (gs > 1 && T * Hk * ((g + gs - 1) / gs) < 2 * omp_get_num_threads()) gs = (gs + 1) / 2;
-    const int ng = (g + gs - 1) / gs;
+    const int g = H / Hk, QN = T * g, n_old = start;
+    int qc = QN < 16 ? QN : 16;
+    while (qc > 1 && Hk * ((QN + qc - 1) / qc) < 2 * omp_get_num_threads()) qc = (qc + 1) / 2;
+    const int nqc = (QN + qc - 1) / qc;
+#ifndef FUSED_F32
+    const int amx = use_amx && hd % 32 == 0 && hd <= 256;
+#endif
 #pragma omp for schedule(static) collapse(2)
-    for (int r = 0; r < T; r++) {
-        for (int task = 0; task < Hk * ng; task++) {
-            const int hk = task / ng, e0 = task % ng * gs, e1 = e0 + gs < g ? e0 + gs : g; /* heads hk * g + [e0, e1) */
-            float *s0 = scratch + (size_t)omp_get_thread_num() * ATTEND_SCRATCH(S, H, Hk); /* g x (S + 16) scores */
-            float *oacc = s0 + (size_t)g * (S + 16), inv[64];                          /* g x 256 value sums */
+    for (int hk = 0; hk < Hk; hk++) {
+        for (int c = 0; c < nqc; c++) {
+            const int q0 = c * qc, nq = QN - q0 < qc ? QN - q0 : qc; /* queries q0 .. q0 + nq - 1 */
+            float *sc = scratch + (size_t)omp_get_thread_num() * ATTEND_SCRATCH(S); /* nq x (S + 16) scores */
+            float *oacc = sc + (size_t)16 * (S + 16);                                /* nq x 256 value sums */
+            float *vbuf = oacc + 16 * 256;                                           /* 32 x 256 widened values */
+            float *tile = vbuf + 32 * 256 + 16 * 256;                                /* 16 x 16 tile results */
+            (void)tile;
             const elem *kh = K + (size_t)hk * S * hd, *vh = Vv + (size_t)hk * S * hd;
-            const int lo = win > 0 && pos[r] - win + 1 > 0 ? pos[r] - win + 1 : 0; /* first visible position */
-            const int n_old = start, n = n_old + (anc ? nanc[r] : r + 1);
-            const int *anc_r = anc ? anc + r * T : NULL;
-            /* scores, fp32, one dpbf16 / FMA chain per slot, 16 slots at a time; masked slots get -inf */
-            for (int i0 = 0; i0 < n; i0 += 16) {
-                const int cnt = n - i0 < 16 ? n - i0 : 16;
-                const elem *kp[16];
-                for (int j = 0; j < 16; j++) {
-                    const int i = i0 + (j < cnt ? j : 0);
-                    kp[j] = kh + (size_t)(i < n_old ? i : start + (anc_r ? anc_r[i - n_old] : i - n_old)) * hd;
+            int rowq[16], nslots[16];
+            for (int j = 0; j < nq; j++) {
+                rowq[j] = (q0 + j) / g;
+                nslots[j] = n_old + (anc ? nanc[rowq[j]] : rowq[j] + 1);
+            }
+#define QPTR(j) (q + ((size_t)rowq[j] * H + hk * g + (q0 + (j)) % g) * hd)
+#define SLOT(r, i) ((i) < n_old ? (i) : start + (anc ? anc[(r) * T + ((i) - n_old)] : (i) - n_old))
+            /* scores, fp32; masked slots get -inf */
+#ifndef FUSED_F32
+            if (amx) {
+                bf16 *qv = (bf16 *)(tile + 16 * 16), *kg = qv + (size_t)hd * 16; /* [hd / 2][nq][2]; 16 x hd gathered keys */
+                for (int k2 = 0; k2 < hd / 2; k2++)
+                    for (int j = 0; j < nq; j++) {
+                        qv[((size_t)k2 * nq + j) * 2] = QPTR(j)[2 * k2];
+                        qv[((size_t)k2 * nq + j) * 2 + 1] = QPTR(j)[2 * k2 + 1];
+                    }
+                TileConfig cfg;
+                memset(&cfg, 0, sizeof cfg);
+                cfg.palette = 1;
+                cfg.rows[0] = 16; cfg.colsb[0] = nq * 4; /* scores: 16 slots x nq queries */
+                cfg.rows[1] = 16; cfg.colsb[1] = 64;     /* 16 key rows x 32 of hd */
+                cfg.rows[2] = 16; cfg.colsb[2] = nq * 4; /* 16 pairs of hd x nq queries */
+                _tile_loadconfig(&cfg);
+                const int rmax = rowq[nq - 1];
+                const __m512i cols = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(nq));
+                const __m512 vscale = _mm512_set1_ps(scale);
+                for (int i0 = 0; i0 < n_old + T; i0 += 16) {
+                    /* slots i0 .. i0 + 15 of each row's list: shared while all are committed */
+                    if (i0 + 16 <= n_old) {
+                        amx_scores16(kh + (size_t)i0 * hd, hd, qv, nq, hd, tile);
+                        for (int j = 0; j < nq; j++) /* column j of the tile: query j's 16 scores */
+                            _mm512_storeu_ps(sc + (size_t)j * (S + 16) + i0,
+                                             _mm512_mul_ps(_mm512_i32gather_ps(_mm512_add_epi32(cols, _mm512_set1_epi32(j)), tile, 4), vscale));
+                        continue;
+                    }
+                    for (int r = rowq[0]; r <= rmax; r++) { /* a block that reaches a row's own rows: that row's keys */
+                        const int nr = n_old + (anc ? nanc[r] : r + 1);
+                        if (i0 >= nr) continue;
+                        const int cnt = nr - i0 < 16 ? nr - i0 : 16;
+                        for (int i = 0; i < 16; i++) {
+                            if (i < cnt) memcpy(kg + (size_t)i * hd, kh + (size_t)SLOT(r, i0 + i) * hd, sizeof(bf16) * hd);
+                            else memset(kg + (size_t)i * hd, 0, sizeof(bf16) * hd);
+                        }
+                        amx_scores16(kg, hd, qv, nq, hd, tile);
+                        for (int j = 0; j < nq; j++)
+                            if (rowq[j] == r)
+                                for (int i = 0; i < cnt; i++) sc[(size_t)j * (S + 16) + i0 + i] = tile[i * nq + j] * scale;
+                    }
                 }
-                for (int e = e0; e < e1; e++) {
-                    float *s = s0 + (size_t)e * (S + 16);
-                    scores16(kp, q + ((size_t)r * H + hk * g + e) * hd, hd, scale, s + i0, cnt);
-                    for (int i = i0; lo > 0 && i < i0 + cnt; i++) {
-                        const int p = i < n_old ? i : pos[anc_r ? anc_r[i - n_old] : i - n_old];
-                        if (p < lo) s[i] = -INFINITY;
+                _tile_release();
+            } else
+#endif
+            {
+                for (int j = 0; j < nq; j++) {
+                    const int r = rowq[j], n = nslots[j];
+                    for (int i0 = 0; i0 < n; i0 += 16) {
+                        const int cnt = n - i0 < 16 ? n - i0 : 16;
+                        const elem *kp[16];
+                        for (int i = 0; i < 16; i++) kp[i] = kh + (size_t)SLOT(r, i0 + (i < cnt ? i : 0)) * hd;
+                        scores16(kp, QPTR(j), hd, scale, sc + (size_t)j * (S + 16) + i0, cnt);
                     }
                 }
             }
-            /* softmax over each head's n scores in 16-lane steps (the tail masked: -inf -> 0) */
-            for (int e = e0; e < e1; e++) {
-                float *s = s0 + (size_t)e * (S + 16);
+            for (int j = 0; j < nq; j++) {
+                const int r = rowq[j], n = nslots[j];
+                float *s = sc + (size_t)j * (S + 16);
+                const int lo = win > 0 && pos[r] - win + 1 > 0 ? pos[r] - win + 1 : 0; /* first visible position */
+                for (int i = 0; lo > 0 && i < n; i++)
+                    if ((i < n_old ? i : pos[anc ? anc[r * T + (i - n_old)] : i - n_old]) < lo) s[i] = -INFINITY;
+                /* softmax over the n scores in 16-lane steps (the tail masked: -inf -> 0) */
                 __m512 mx = _mm512_set1_ps(-INFINITY);
                 for (int i = 0; i < n; i += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m16(n - i), s + i));
                 const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
@@ -413,26 +521,37 @@ static void attend(const elem *K, const elem *Vv, int S, int H, int Hk, int hd, 
                     _mm512_mask_storeu_ps(s + i, mk, ex);
                     sum = _mm512_add_ps(sum, ex);
                 }
-                inv[e] = 1.0f / _mm512_reduce_add_ps(sum);
-                memset(oacc + (size_t)e * 256, 0, sizeof(float) * hd);
+                const __m512 vinv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+                for (int i = 0; i < n; i += 16) _mm512_mask_storeu_ps(s + i, m16(n - i), _mm512_mul_ps(ldf(s + i, n - i), vinv));
+                memset(oacc + (size_t)j * 256, 0, sizeof(float) * hd);
             }
-            /* the weighted value sums in slot order, 32 slots at a time for every head; hd <= 256 */
-            for (int i0 = 0; i0 < n; i0 += 32) {
-                const int i1 = n - i0 < 32 ? n : i0 + 32;
-                for (int e = e0; e < e1; e++) {
-                    const float *s = s0 + (size_t)e * (S + 16);
-                    float *oe = oacc + (size_t)e * 256;
-                    switch (nv) { /* a constant register count: the sums stay in registers */
-                        case 4: value_block(s, inv[e], i0, i1, n_old, start, anc_r, vh, hd, oe, 4); break;
-                        case 8: value_block(s, inv[e], i0, i1, n_old, start, anc_r, vh, hd, oe, 8); break;
-                        default: value_block(s, inv[e], i0, i1, n_old, start, anc_r, vh, hd, oe, 16); break;
-                    }
+            /* the value sums in slot order: committed slots in blocks of 32 widened once for all
+             * the chunk's queries, then each row's own slots; hd <= 256 */
+            for (int i0 = 0; i0 < n_old; i0 += 32) {
+                const int cnt = n_old - i0 < 32 ? n_old - i0 : 32;
+                for (int i = 0; i < cnt; i++)
+                    for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(vbuf + (size_t)i * hd + d, ld16(vh + (size_t)(i0 + i) * hd + d, hd - d));
+                const float *pj[16];
+                float *oj[16];
+                for (int j = 0; j < nq; j++) pj[j] = sc + (size_t)j * (S + 16) + i0, oj[j] = oacc + (size_t)j * 256;
+                value_sum(pj, nq, cnt, vbuf, hd, oj);
+            }
+            for (int j = 0; j < nq; j++) {
+                const int r = rowq[j], cnt = nslots[j] - n_old;
+                for (int i0 = 0; i0 < cnt; i0 += 32) {
+                    const int m = cnt - i0 < 32 ? cnt - i0 : 32;
+                    for (int i = 0; i < m; i++)
+                        for (int d = 0; d < hd; d += 16)
+                            _mm512_storeu_ps(vbuf + (size_t)i * hd + d, ld16(vh + (size_t)SLOT(r, n_old + i0 + i) * hd + d, hd - d));
+                    const float *pj = sc + (size_t)j * (S + 16) + n_old + i0;
+                    float *oj = oacc + (size_t)j * 256;
+                    value_sum(&pj, 1, m, vbuf, hd, &oj);
                 }
+                elem *orow = out + (size_t)r * H * hd + (size_t)(hk * g + (q0 + j) % g) * hd;
+                for (int d = 0; d < hd; d += 16) st16(orow + d, ldf(oacc + (size_t)j * 256 + d, hd - d), hd - d);
             }
-            for (int e = e0; e < e1; e++) {
-                elem *orow = out + (size_t)r * H * hd + (size_t)(hk * g + e) * hd;
-                for (int d = 0; d < hd; d += 16) st16(orow + d, ldf(oacc + (size_t)e * 256 + d, hd - d), hd - d);
-            }
+#undef QPTR
+#undef SLOT
         }
     }
 }
@@ -454,7 +573,7 @@ void fused_forward(const Model *m, elem *x, int T, int start, const int *pos, co
     elem *qb = malloc(sizeof(elem) * (size_t)T * H * hd);
     elem *ab = malloc(sizeof(elem) * (size_t)T * H * hd);
     elem *gb = malloc(sizeof(elem) * (size_t)T * M);
-    float *scratch = malloc(sizeof(float) * (size_t)nthreads * ATTEND_SCRATCH(S, H, Hk));
+    float *scratch = malloc(sizeof(float) * (size_t)nthreads * ATTEND_SCRATCH(S));
     const int widest_in = D > M ? (D > H * hd ? D : H * hd) : (M > H * hd ? M : H * hd);
     elem *xv = malloc(sizeof(elem) * (size_t)((T + 15) / 16 * 16) * widest_in);
     float *ly = Tk > 0 ? malloc(sizeof(float) * (size_t)Tk * m->V) : NULL;
@@ -543,7 +662,7 @@ void head_step(const Head *h, int R, const elem *state, const elem *emb, const e
     float *y = malloc(sizeof(float) * (size_t)R * wide);
     float *l1 = malloc(sizeof(float) * (size_t)R * V1), *l2 = E > 0 ? malloc(sizeof(float) * (size_t)R * E) : NULL;
     elem *xv = malloc(sizeof(elem) * (size_t)((R + 15) / 16 * 16) * wide);
-    float *scratch = malloc(sizeof(float) * (size_t)nthreads * ATTEND_SCRATCH(S, H, h->Hk));
+    float *scratch = malloc(sizeof(float) * (size_t)nthreads * ATTEND_SCRATCH(S));
     int *pos = malloc(sizeof(int) * R), *none = calloc(R, sizeof(int));
     for (int r = 0; r < R; r++) pos[r] = L;
     elem *x = state_out; /* written by the fc step first */
