@@ -12,7 +12,18 @@ from conftest import FAMILIES, hf_greedy, tiny_model
 
 import mtpspec
 from mtpspec import DraftInput, SamplingConfig
-from mtpspec.core.drafters import TREE_SHAPE, HybridDrafter, LookupDrafter, RoundCosts, SwitchDrafter, TreeConfig, TreeDrafter, lookup
+from mtpspec.core.drafters import (
+    FUSED_COSTS,
+    TREE_SHAPE,
+    HybridDrafter,
+    LookupDrafter,
+    RoundCosts,
+    SwitchDrafter,
+    TreeConfig,
+    TreeDrafter,
+    lookup,
+    tree_shape,
+)
 from mtpspec.core.tree import children, spine_first
 
 
@@ -77,7 +88,7 @@ def test_tree_and_hybrid_greedy_equal_hf_greedy(family):
                         LookupDrafter(), SwitchDrafter(head, head_tokens=3),
                         TreeDrafter(head, TreeConfig(width=3, beam=2, min_branch_prob=0.2)),
                         TreeDrafter(head, TreeConfig(width=3, beam=2, costs=RoundCosts(row=0.0, plane=0.01, step=0.0))),
-                        TreeDrafter(head, TREE_SHAPE)):
+                        TreeDrafter(head, TREE_SHAPE), TreeDrafter(head, tree_shape("fused"))):
             out = mtpspec.generate(model, drafter, ids, max_new_tokens=32, num_draft_tokens=6, eos_token_id=[])
             assert torch.equal(out.sequences, ref), (family, type(drafter).__name__, length)
     out = mtpspec.generate(model, head, ids, max_new_tokens=32, num_draft_tokens=6, eos_token_id=[], tree=True)
@@ -244,3 +255,16 @@ def test_a_cost_shaped_tree_keeps_only_nodes_that_pay_for_their_price():
         RoundCosts(row=-1.0)
     with pytest.raises(mtpspec.InputError, match="deeper_share"):
         TreeConfig(deeper_share=0.0)
+
+
+def test_the_cost_shaped_tree_is_priced_for_the_forward_that_runs():
+    """Op by op a branch pays for its own copy of the cache; in the fused forward it pays only
+    for its rows, so there the tree prices a plane at 0 (and `mtpspec bench` follows the target)."""
+    from mtpspec.measure.bench import BenchConfig
+
+    assert tree_shape("torch").costs == RoundCosts() == TREE_SHAPE.costs
+    assert tree_shape("fused").costs == FUSED_COSTS and FUSED_COSTS.plane == 0.0 < RoundCosts().plane
+    assert tree_shape("fused", 3).max_depth == 3
+    cfg = BenchConfig()
+    assert cfg.tree_config("fused").costs == FUSED_COSTS and cfg.tree_config("torch").costs == RoundCosts()
+    assert BenchConfig(tree_shape="fixed").tree_config("fused").costs is None

@@ -127,7 +127,7 @@ def generate(
 ) -> None:
     """Generate text from a prompt with speculative decoding, streaming tokens as accepted."""
     from . import generate as decode
-    from .core.drafters import SWITCH_TOKENS, TREE_NODES, TREE_SHAPE, SwitchDrafter, TreeDrafter
+    from .core.drafters import SWITCH_TOKENS, TREE_NODES, SwitchDrafter, TreeDrafter, tree_shape
     from .measure.compare import compare as compare_plain
     from .models import chat_ids
     from .pretrained import default_k, resolve_head
@@ -138,7 +138,7 @@ def generate(
         raise InputError("--tree and --switch are two ways to draft; choose one.")
     k = (TREE_NODES if tree else SWITCH_TOKENS if switch else default_k(mtp)) if num_draft_tokens is None else num_draft_tokens
     if tree:
-        mtp = TreeDrafter(mtp, TREE_SHAPE)
+        mtp = TreeDrafter(mtp, tree_shape(tgt.engine))
     elif switch:
         mtp = SwitchDrafter(mtp, head_tokens=default_k(mtp))
     ids = chat_ids(loaded.tokenizer, prompt)

@@ -39,10 +39,10 @@ from ..core.drafters import (
     TREE_NODES,
     TREE_SHAPE,
     HybridDrafter,
-    RoundCosts,
     SwitchDrafter,
     TreeConfig,
     TreeDrafter,
+    tree_shape,
 )
 from ..core.stats import DecodeStats
 from ..core.target import Target
@@ -109,12 +109,12 @@ class BenchConfig:
                              f"{self.hybrid_lookup}.")
         if self.tree_shape not in ("cost", "fixed"):
             raise InputError(f"--tree-shape must be 'cost' or 'fixed', got {self.tree_shape!r}.")
-        self.tree_config  # noqa: B018 - TreeConfig refuses a bad depth or floor with its own message
+        self.tree_config("torch")  # TreeConfig refuses a bad depth or floor with its own message
 
-    @property
-    def tree_config(self) -> TreeConfig:
+    def tree_config(self, engine: str) -> TreeConfig:
+        """The trees of mtp-tree and hybrid for a target running `engine` (`Target.engine`)."""
         if self.tree_shape == "cost":
-            return TreeConfig(max_depth=self.tree_depth, costs=RoundCosts())
+            return tree_shape(engine, self.tree_depth)
         return TreeConfig(max_depth=self.tree_depth, min_branch_prob=self.tree_floor)
 
     @property
@@ -314,9 +314,10 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
         elif name == "mtp":
             methods.append(mtpspec_method("mtp", target, head, k, cfg.max_new_tokens))
         elif name == "mtp-tree":
-            methods.append(mtpspec_method("mtp-tree", target, head, cfg.tree_nodes, cfg.max_new_tokens, TreeDrafter(head, cfg.tree_config)))
+            tree = TreeDrafter(head, cfg.tree_config(target.engine))
+            methods.append(mtpspec_method("mtp-tree", target, head, cfg.tree_nodes, cfg.max_new_tokens, tree))
         elif name == "hybrid":
-            hybrid = HybridDrafter(head, cfg.tree_config, lookup_tokens=cfg.hybrid_lookup)
+            hybrid = HybridDrafter(head, cfg.tree_config(target.engine), lookup_tokens=cfg.hybrid_lookup)
             methods.append(mtpspec_method("hybrid", target, head, cfg.tree_nodes, cfg.max_new_tokens, hybrid))
         elif name == "switch":
             switch = SwitchDrafter(head, head_tokens=k)
