@@ -117,12 +117,14 @@ class TreeConfig:
 TREE_NODES = 8
 TREE_SHAPE = TreeConfig(costs=RoundCosts())
 # What a round's parts cost where the target runs the fused forward (`fused.py`; 2026-12-01,
-# the 2-core Xeon, bf16, 256-1,000 cached tokens: a 9-token verify 1.25-1.28x a one-token one,
-# a head step ~0.6 ms of ~12-14 ms). A branch costs no more than its rows there: tree rows
-# attend their ancestors in place. With these prices the same 8-node tree reached 1.65 tokens
-# per forward on 48 Spec-Bench prompts against 1.54 with the op-by-op ones (plane 0.09 kept
-# most branches out).
-FUSED_COSTS = RoundCosts(row=0.03, plane=0.0, step=0.05)
+# the 2-core Xeon, bf16, 256-1,000 cached tokens: a 9-token verify 1.25-1.28x a one-token one;
+# a head step ~0.65 ms of a ~12-14 ms forward, plus its share of the round's Python). A branch
+# costs no more than its rows there: tree rows attend their ancestors in place. With these
+# prices the 8-node tree reached 1.64 tokens per forward on 48 Spec-Bench prompts against 1.54
+# with the op-by-op ones (plane 0.09 kept most branches out); step 0.1 against 0.05 cost 0.01
+# of that and bought wall time (tree / chain 1.039-1.041x vs 1.016x on Spec-Bench, 1.075x vs
+# 1.076x on the built-in set; `reports/fused-v2/`).
+FUSED_COSTS = RoundCosts(row=0.03, plane=0.0, step=0.1)
 
 
 def tree_shape(engine: str, max_depth: int | None = TREE_SHAPE.max_depth) -> TreeConfig:
