@@ -116,6 +116,8 @@ class TreeConfig:
 # (README, "Draft trees"). `FIXED_TREE` is that fixed tree.
 TREE_NODES = 8
 TREE_SHAPE = TreeConfig(costs=RoundCosts())
+FIXED_TREE = TreeConfig(max_depth=4, min_branch_prob=0.1)
+HYBRID_LOOKUP = 6
 # What a round's parts cost where the target runs the fused forward (`fused.py`; 2026-12-01,
 # the 2-core Xeon, bf16, 256-1,000 cached tokens: a 9-token verify 1.25-1.28x a one-token one;
 # a head step ~0.65 ms of a ~12-14 ms forward, plus its share of the round's Python). A branch
@@ -130,9 +132,7 @@ FUSED_COSTS = RoundCosts(row=0.03, plane=0.0, step=0.1)
 def tree_shape(engine: str, max_depth: int | None = TREE_SHAPE.max_depth) -> TreeConfig:
     """The cost-shaped tree for a target whose `Target.engine` is `engine`: priced for the fused
     forward there, else for the op-by-op one (`RoundCosts` defaults)."""
-    return TreeConfig(max_depth=max_depth, costs=FUSED_COSTS if engine == "fused" else RoundCosts())
-FIXED_TREE = TreeConfig(max_depth=4, min_branch_prob=0.1)
-HYBRID_LOOKUP = 6
+    return TreeConfig(max_depth=max_depth, costs=FUSED_COSTS if engine == "fused" else TREE_SHAPE.costs)
 
 
 @dataclass

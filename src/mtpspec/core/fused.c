@@ -88,9 +88,8 @@ static inline __m512 vexp(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-#ifndef NRMAX
-#define NRMAX 6 /* rows per block: NRMAX x 4 accumulators + 4 weight vectors + 1 row vector <= 32 registers */
-#endif
+#define NRMAX 6     /* rows per block: NRMAX x 4 accumulators + 4 weight vectors + 1 row vector <= 32 registers */
+#define PF_BLOCKS 2 /* prefetch the weight rows this many blocks ahead (measured: 1-8 blocks, L1 or L2, alike) */
 /* y[r0 + i][o0 + j] = x row i . w row j for NR rows and no <= 4 outputs: one dpbf16 (fp32: FMA) chain each. */
 static inline __attribute__((always_inline)) void dot_block(const elem *const *xr, const elem *const *wr, int I,
                                                              float *y, int O, int r0, int o0, int no, const int NR) {
@@ -103,14 +102,8 @@ static inline __attribute__((always_inline)) void dot_block(const elem *const *x
         kvec wv[4];
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) wv[j] = ldk(wr[j] + k, I - k);
-#ifndef PF_BLOCKS
-#define PF_BLOCKS 2
-#endif
-#ifndef PF_HINT
-#define PF_HINT _MM_HINT_T0
-#endif
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(wr[j] + (size_t)PF_BLOCKS * 4 * I + k), PF_HINT);
+        for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(wr[j] + (size_t)PF_BLOCKS * 4 * I + k), _MM_HINT_T0);
 #pragma GCC unroll 6
         for (int i = 0; i < NR; i++) {
             const kvec xv = ldk(xr[i] + k, I - k);
@@ -144,10 +137,8 @@ static void matmul_dp(const elem *x, int R, int I, const elem *w, int O, float *
                 case 2: dot_block(xr, wr, I, y, O, r0, o0, no, 2); break;
                 case 3: dot_block(xr, wr, I, y, O, r0, o0, no, 3); break;
                 case 4: dot_block(xr, wr, I, y, O, r0, o0, no, 4); break;
-#if NRMAX > 4
                 case 5: dot_block(xr, wr, I, y, O, r0, o0, no, 5); break;
-#endif
-                default: dot_block(xr, wr, I, y, O, r0, o0, no, NRMAX); break;
+                default: dot_block(xr, wr, I, y, O, r0, o0, no, 6); break;
             }
         }
     }
@@ -313,10 +304,10 @@ typedef struct {
 } Model;
 
 /* For each of NQ queries j: oacc[j] (hd) fp32 += sum over the cnt rows v (cnt, hd) fp32, in
- * order, of p[j][i] * v[i] (p: the normalised probabilities); NV >= hd / 16. Called block after block, it is one FMA
- * chain per lane over a query's slots in slot order, the same whichever queries share the
- * call (they only share the loads of v, and their chains run side by side, not one after
- * another's latency). */
+ * order, of p[j][i] * v[i] (p: the normalised probabilities); NV >= hd / 16. Called block
+ * after block, it is one FMA chain per lane over a query's slots in slot order, the same
+ * whichever queries share the call (they only share the loads of v, and their chains run side
+ * by side instead of waiting on each other's latency). */
 static inline __attribute__((always_inline)) void value_rows(const float *const *p, int cnt, const float *v,
                                                               int hd, float *const *oacc, const int NQ, const int NV) {
     __m512 o[6][16];
@@ -405,9 +396,10 @@ static inline void amx_scores16(const bf16 *kb, int kstride, const bf16 *qv, int
 }
 #endif
 
-/* floats of attention scratch per thread: scores, value sums and widened values of up to 16
- * queries, and the AMX tiles' staging */
-#define ATTEND_SCRATCH(S) ((size_t)16 * ((S) + 16) + 16 * 256 + 32 * 256 + 16 * 256 + 16 * 16 + 16 * 256)
+/* floats of attention scratch per thread: scores (16 x (S + 16)), value sums (16 x 256) and
+ * widened values (32 x 256) of up to 16 queries; the AMX tile's results (16 x 16) and staging
+ * (the queries in VNNI pairs and 16 gathered key rows, hd <= 256: 2 x 16 x 256 bf16) */
+#define ATTEND_SCRATCH(S) ((size_t)16 * ((S) + 16) + 16 * 256 + 32 * 256 + 16 * 16 + 16 * 256)
 
 /* Attention of rows [0, T) over their slots: committed slots 0..start-1 in order, then
  * start + anc[r * T + a] for a < nanc[r] (its ancestors and itself, in depth order).
@@ -438,7 +430,7 @@ static void attend(const elem *K, const elem *Vv, int S, int H, int Hk, int hd, 
             float *sc = scratch + (size_t)omp_get_thread_num() * ATTEND_SCRATCH(S); /* nq x (S + 16) scores */
             float *oacc = sc + (size_t)16 * (S + 16);                                /* nq x 256 value sums */
             float *vbuf = oacc + 16 * 256;                                           /* 32 x 256 widened values */
-            float *tile = vbuf + 32 * 256 + 16 * 256;                                /* 16 x 16 tile results */
+            float *tile = vbuf + 32 * 256;                                           /* 16 x 16 tile results */
             (void)tile;
             const elem *kh = K + (size_t)hk * S * hd, *vh = Vv + (size_t)hk * S * hd;
             int rowq[16], nslots[16];
