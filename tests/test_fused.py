@@ -101,9 +101,10 @@ def test_fused_forward_computes_what_the_torch_path_computes(family, dtype):
 
 
 @pytest.mark.parametrize("family", FUSED_FAMILIES)
-def test_a_verify_pass_equals_one_token_passes_bit_for_bit(family, dtype):
+@pytest.mark.parametrize("context", [30, 70])  # committed slots: blocks of 16 shared by a chunk's queries, then a tail
+def test_a_verify_pass_equals_one_token_passes_bit_for_bit(family, dtype, context):
     t = mtpspec.Target(_model(family, dtype))
-    ids = torch.randint(4, 97, (1, 30), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(4, 97, (1, context), generator=torch.Generator().manual_seed(2))
     new = torch.randint(4, 97, (1, 9), generator=torch.Generator().manual_seed(3))
     c1, c2 = t.new_cache(128), t.new_cache(128)
     t.forward(ids, c1)

@@ -89,7 +89,36 @@ static inline __m512 vexp(__m512 x) {
 }
 
 #define NRMAX 6     /* rows per block: NRMAX x 4 accumulators + 4 weight vectors + 1 row vector <= 32 registers */
-#define PF_BLOCKS 2 /* prefetch the weight rows this many blocks ahead (measured: 1-8 blocks, L1 or L2, alike) */
+#define PF_BLOCKS 2 /* prefetch the weight rows this many blocks ahead, to L1 (measured: 1-8 blocks alike in bf16; in fp32
+                     * 4 blocks to L2 sped 9 rows up but slowed one row, reports/fused-v3) */
+
+/* The lane sums of a[0..3] into out[0..no-1], each by the tree of _mm512_reduce_add_ps (lanes
+ * l + l+8, then + l+4, then + l+2, then + l+1), transposed so that the four share each shuffle
+ * and add: bit for bit four _mm512_reduce_add_ps, in half the instructions (reduce16 below does
+ * the same for sixteen). */
+static inline __attribute__((always_inline)) void reduce4(const __m512 *a, float *out, int no) {
+    const __m512 v0 = _mm512_add_ps(_mm512_shuffle_f32x4(a[0], a[1], 0x44), _mm512_shuffle_f32x4(a[0], a[1], 0xEE));
+    const __m512 v1 = _mm512_add_ps(_mm512_shuffle_f32x4(a[2], a[3], 0x44), _mm512_shuffle_f32x4(a[2], a[3], 0xEE));
+    /* 128-bit block b: a[b]'s lanes 0-3 of l + l+8, + its lanes 4-7 */
+    const __m512 w = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xDD));
+    const __m512 t = _mm512_add_ps(w, _mm512_permute_ps(w, _MM_SHUFFLE(1, 0, 3, 2))); /* l + l+2 */
+    const __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1))); /* lane 4b: a[b]'s sum */
+    _mm512_mask_storeu_ps(out, m16(no), _mm512_maskz_compress_ps(0x1111, u));
+}
+
+/* one KSTEP of dot_block: n < KSTEP only at the tail, so the main loop's masks are constants */
+#define DOT_STEP(k, n)                                                                                 \
+    do {                                                                                               \
+        kvec wv[4];                                                                                    \
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) wv[j] = ldk(wr[j] + (k), (n));            \
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)                                           \
+            _mm_prefetch((const char *)(wr[j] + (size_t)PF_BLOCKS * 4 * I + (k)), _MM_HINT_T0);        \
+        _Pragma("GCC unroll 6") for (int i = 0; i < NR; i++) {                                        \
+            const kvec xv = ldk(xr[i] + (k), (n));                                                     \
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[i][j] = dotk(acc[i][j], wv[j], xv); \
+        }                                                                                              \
+    } while (0)
+
 /* y[r0 + i][o0 + j] = x row i . w row j for NR rows and no <= 4 outputs: one dpbf16 (fp32: FMA) chain each. */
 static inline __attribute__((always_inline)) void dot_block(const elem *const *xr, const elem *const *wr, int I,
                                                              float *y, int O, int r0, int o0, int no, const int NR) {
@@ -98,27 +127,13 @@ static inline __attribute__((always_inline)) void dot_block(const elem *const *x
     for (int i = 0; i < NR; i++)
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
-    for (int k = 0; k < I; k += KSTEP) {
-        kvec wv[4];
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) wv[j] = ldk(wr[j] + k, I - k);
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(wr[j] + (size_t)PF_BLOCKS * 4 * I + k), _MM_HINT_T0);
+    int k = 0;
+    for (; k + KSTEP <= I; k += KSTEP) DOT_STEP(k, KSTEP);
+    if (k < I) DOT_STEP(k, I - k);
 #pragma GCC unroll 6
-        for (int i = 0; i < NR; i++) {
-            const kvec xv = ldk(xr[i] + k, I - k);
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) acc[i][j] = dotk(acc[i][j], wv[j], xv);
-        }
-    }
-#pragma GCC unroll 6
-    for (int i = 0; i < NR; i++) {
-        float out[4]; /* all four reduced with constant indices: acc stays in registers */
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) out[j] = _mm512_reduce_add_ps(acc[i][j]);
-        for (int j = 0; j < no; j++) y[(size_t)(r0 + i) * O + o0 + j] = out[j];
-    }
+    for (int i = 0; i < NR; i++) reduce4(acc[i], y + (size_t)(r0 + i) * O + o0, no);
 }
+#undef DOT_STEP
 
 /* AVX-512 (BF16): four weight rows stream side by side, each loaded vector serves up to four
  * rows; a block's weights are read from memory once and from cache for each further four rows. */
@@ -354,9 +369,25 @@ static void value_sum(const float *const *p, int nq, int cnt, const float *v, in
     }
 }
 
-/* s[j] = scale * (kp[j] . q) for j < cnt (<= 16 slots): each slot's lanes summed by one
- * transposed tree, 16 slots at once; per slot it is the tree of _mm512_reduce_add_ps (lanes
- * l + l+8, then + l+4, then + l+2, then + l+1), the same whichever slots share the group. */
+/* The 16 lane sums of acc[0..15] as one vector (lane m: acc[m]'s sum), each by the tree of
+ * _mm512_reduce_add_ps (lanes l + l+8, then + l+4, then + l+2, then + l+1), transposed so that
+ * the sixteen share each shuffle: a sum's bits do not depend on its place or its neighbours. */
+static inline __attribute__((always_inline)) __m512 reduce16(const __m512 *acc) {
+    __m512 v[8], w[4], u[2];
+    for (int m = 0; m < 8; m++) /* [acc 2m: l + l+8 | acc 2m+1: l + l+8] */
+        v[m] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * m], acc[2 * m + 1], 0x44), _mm512_shuffle_f32x4(acc[2 * m], acc[2 * m + 1], 0xEE));
+    for (int m = 0; m < 4; m++) /* 128-bit block b: acc 4m + b, + l+4 */
+        w[m] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * m], v[2 * m + 1], 0x88), _mm512_shuffle_f32x4(v[2 * m], v[2 * m + 1], 0xDD));
+    for (int m = 0; m < 2; m++) /* block b: [acc 8m + b: 2 sums, acc 8m + 4 + b: 2 sums], + l+2 */
+        u[m] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * m], w[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(w[2 * m], w[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* + l+1: lane 4b + q holds acc 4q + b; transposed back to acc order */
+    const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), t);
+}
+
+/* s[j] = scale * (kp[j] . q) for j < cnt (<= 16 slots): one chain over hd per slot, reduced by
+ * reduce16. */
 static inline void scores16(const elem *const *kp, const elem *q, int hd, float scale, float *s, int cnt) {
     __m512 acc[16];
 #pragma GCC unroll 16
@@ -366,18 +397,35 @@ static inline void scores16(const elem *const *kp, const elem *q, int hd, float 
 #pragma GCC unroll 16
         for (int j = 0; j < 16; j++) acc[j] = dotk(acc[j], ldk(kp[j] + d, hd - d), qv);
     }
-    __m512 v[8], w[4], u[2];
-    for (int m = 0; m < 8; m++) /* [acc 2m: l + l+8 | acc 2m+1: l + l+8] */
-        v[m] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * m], acc[2 * m + 1], 0x44), _mm512_shuffle_f32x4(acc[2 * m], acc[2 * m + 1], 0xEE));
-    for (int m = 0; m < 4; m++) /* 128-bit block b: acc 4m + b, + l+4 */
-        w[m] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * m], v[2 * m + 1], 0x88), _mm512_shuffle_f32x4(v[2 * m], v[2 * m + 1], 0xDD));
-    for (int m = 0; m < 2; m++) /* block b: [acc 8m + b: 2 sums, acc 8m + 4 + b: 2 sums], + l+2 */
-        u[m] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * m], w[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(w[2 * m], w[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    /* + l+1: lane 4b + q holds slot 4q + b; transposed back to slot order */
-    const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-    _mm512_mask_storeu_ps(s, m16(cnt), _mm512_mul_ps(_mm512_permutexvar_ps(idx, t), _mm512_set1_ps(scale)));
+    _mm512_mask_storeu_ps(s, m16(cnt), _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(scale)));
+}
+
+/* s[j][i] = scale * (k row i . q[j]) for 16 key rows at kb (stride hd) and NQ queries (1, 2 or
+ * 4), 16 / NQ key rows at a time: each key vector is loaded once for the NQ queries. Every score
+ * is scores16's chain and tree, so it does not depend on which queries share the call. */
+static inline __attribute__((always_inline)) void scores_shared(const elem *kb, const elem *const *q, int hd, float scale,
+                                                                 float *const *s, const int NQ) {
+    const int NS = 16 / NQ;
+    for (int s0 = 0; s0 < 16; s0 += NS) {
+        __m512 acc[16]; /* acc[jq * NS + t]: query jq, key row s0 + t */
+#pragma GCC unroll 16
+        for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
+        for (int d = 0; d < hd; d += KSTEP) {
+            kvec qv[4];
+#pragma GCC unroll 4
+            for (int jq = 0; jq < NQ; jq++) qv[jq] = ldk(q[jq] + d, hd - d);
+#pragma GCC unroll 16
+            for (int t = 0; t < NS; t++) {
+                const kvec kv = ldk(kb + (size_t)(s0 + t) * hd + d, hd - d);
+#pragma GCC unroll 4
+                for (int jq = 0; jq < NQ; jq++) acc[jq * NS + t] = dotk(acc[jq * NS + t], kv, qv[jq]);
+            }
+        }
+        const __m512 r = _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(scale));
+#pragma GCC unroll 4
+        for (int jq = 0; jq < NQ; jq++)
+            _mm512_mask_storeu_ps(s[jq] + s0, m16(NS), _mm512_maskz_compress_ps((__mmask16)(((1u << NS) - 1) << (jq * NS)), r));
+    }
 }
 
 #ifndef FUSED_F32
@@ -486,9 +534,21 @@ static void attend(const elem *K, const elem *Vv, int S, int H, int Hk, int hd, 
             } else
 #endif
             {
-                for (int j = 0; j < nq; j++) {
+                const int full = n_old / 16 * 16; /* blocks of 16 committed slots: shared by the chunk's queries */
+                for (int i0 = 0; i0 < full; i0 += 16)
+                    for (int j = 0; j < nq;) {
+                        const elem *qj[4];
+                        float *sj[4];
+                        const int NQ = nq - j >= 4 ? 4 : nq - j >= 2 ? 2 : 1;
+                        for (int t = 0; t < NQ; t++) qj[t] = QPTR(j + t), sj[t] = sc + (size_t)(j + t) * (S + 16) + i0;
+                        if (NQ == 4) scores_shared(kh + (size_t)i0 * hd, qj, hd, scale, sj, 4);
+                        else if (NQ == 2) scores_shared(kh + (size_t)i0 * hd, qj, hd, scale, sj, 2);
+                        else scores_shared(kh + (size_t)i0 * hd, qj, hd, scale, sj, 1);
+                        j += NQ;
+                    }
+                for (int j = 0; j < nq; j++) { /* the rest: each row's own list */
                     const int r = rowq[j], n = nslots[j];
-                    for (int i0 = 0; i0 < n; i0 += 16) {
+                    for (int i0 = full; i0 < n; i0 += 16) {
                         const int cnt = n - i0 < 16 ? n - i0 : 16;
                         const elem *kp[16];
                         for (int i = 0; i < 16; i++) kp[i] = kh + (size_t)SLOT(r, i0 + (i < cnt ? i : 0)) * hd;
@@ -568,7 +628,6 @@ void fused_forward(const Model *m, elem *x, int T, int start, const int *pos, co
     float *scratch = malloc(sizeof(float) * (size_t)nthreads * ATTEND_SCRATCH(S));
     const int widest_in = D > M ? (D > H * hd ? D : H * hd) : (M > H * hd ? M : H * hd);
     elem *xv = malloc(sizeof(elem) * (size_t)((T + 15) / 16 * 16) * widest_in);
-    float *ly = Tk > 0 ? malloc(sizeof(float) * (size_t)Tk * m->V) : NULL;
 #pragma omp parallel num_threads(nthreads)
     {
         for (int l = 0; l < m->n_layers; l++) {
@@ -608,16 +667,19 @@ void fused_forward(const Model *m, elem *x, int T, int start, const int *pos, co
                 if (feat_layers[f] == m->n_layers) memcpy(feats + (size_t)f * T * D, x, sizeof(elem) * (size_t)T * D);
         }
         if (Tk > 0) {
-            matmul(x + (size_t)(T - Tk) * D, Tk, D, m->lm_w, m->V, ly, xv);
+            matmul(x + (size_t)(T - Tk) * D, Tk, D, m->lm_w, m->V, logits, xv);
             const int V = m->V, chunks = (V + 15) / 16;
+#ifdef FUSED_F32
+            if (m->lm_b) /* else the fp32 sums are the logits */
+#endif
 #pragma omp for schedule(static) collapse(2)
             for (int r = 0; r < Tk; r++)
-                for (int c = 0; c < chunks; c++) /* bf16 logits (+ bias), kept as fp32 */
+                for (int c = 0; c < chunks; c++) /* elem logits (+ bias), kept as fp32, in place */
                     _mm512_mask_storeu_ps(logits + (size_t)r * V + 16 * c, m16(V - 16 * c),
-                                          biased(ly + (size_t)r * V + 16 * c, m->lm_b ? m->lm_b + 16 * c : NULL, V - 16 * c));
+                                          biased(logits + (size_t)r * V + 16 * c, m->lm_b ? m->lm_b + 16 * c : NULL, V - 16 * c));
         }
     }
-    free(xv); free(y); free(h); free(qb); free(ab); free(gb); free(scratch); free(ly);
+    free(xv); free(y); free(h); free(qb); free(ab); free(gb); free(scratch);
 }
 
 /* y (R, O) fp32 = x (R, I) @ w (O, I)^T: the forward's matmul alone (tests, measurements). */
