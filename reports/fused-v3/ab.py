@@ -4,11 +4,14 @@
 
 Each source is built as fused.c is for DTYPE (fp32 or bf16) and timed in turn, round after
 round (median of REPS forwards per round), so a slow minute of the host hits every variant.
-Also checks that every variant gives the same logits as the first, bit for bit.
+Also checks that every variant gives the same logits as the first, bit for bit
+(AB_NOCHECK=1 skips that, for variants that leave steps out to time the rest); AB_ROUNDS sets
+the number of rounds (5). A measurement script: it points the fused forward at each variant's
+library by replacing `fused._loaded` in this process only.
 """
 
-import statistics
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -48,7 +51,7 @@ def run(n):
 REPS, ROUNDS, NS = 11, int(os.environ.get("AB_ROUNDS", 5)), (1, 5, 9)
 ref = None
 times = {(i, n): [] for i in range(len(libs)) for n in NS}
-for rnd in range(ROUNDS):
+for _ in range(ROUNDS):
     for i, so in enumerate(libs):
         use = so
         got = run(9)
