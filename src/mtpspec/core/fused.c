@@ -94,7 +94,7 @@ static inline __m512 vexp(__m512 x) {
 
 /* The lane sums of a[0..3] into out[0..no-1], each by the tree of _mm512_reduce_add_ps (lanes
  * l + l+8, then + l+4, then + l+2, then + l+1), transposed so that the four share each shuffle
- * and add: bit for bit four _mm512_reduce_add_ps, in half the instructions (reduce16 below does
+ * and add: bit for bit four _mm512_reduce_add_ps, in about half the instructions (reduce16 below does
  * the same for sixteen). */
 static inline __attribute__((always_inline)) void reduce4(const __m512 *a, float *out, int no) {
     const __m512 v0 = _mm512_add_ps(_mm512_shuffle_f32x4(a[0], a[1], 0x44), _mm512_shuffle_f32x4(a[0], a[1], 0xEE));
@@ -670,13 +670,17 @@ void fused_forward(const Model *m, elem *x, int T, int start, const int *pos, co
             matmul(x + (size_t)(T - Tk) * D, Tk, D, m->lm_w, m->V, logits, xv);
             const int V = m->V, chunks = (V + 15) / 16;
 #ifdef FUSED_F32
-            if (m->lm_b) /* else the fp32 sums are the logits */
+            const int finish = m->lm_b != NULL; /* else the fp32 sums are the logits */
+#else
+            const int finish = 1;
 #endif
+            if (finish) { /* the same for every thread: all or none meet the loop */
 #pragma omp for schedule(static) collapse(2)
-            for (int r = 0; r < Tk; r++)
-                for (int c = 0; c < chunks; c++) /* elem logits (+ bias), kept as fp32, in place */
-                    _mm512_mask_storeu_ps(logits + (size_t)r * V + 16 * c, m16(V - 16 * c),
-                                          biased(logits + (size_t)r * V + 16 * c, m->lm_b ? m->lm_b + 16 * c : NULL, V - 16 * c));
+                for (int r = 0; r < Tk; r++)
+                    for (int c = 0; c < chunks; c++) /* elem logits (+ bias), kept as fp32, in place */
+                        _mm512_mask_storeu_ps(logits + (size_t)r * V + 16 * c, m16(V - 16 * c),
+                                              biased(logits + (size_t)r * V + 16 * c, m->lm_b ? m->lm_b + 16 * c : NULL, V - 16 * c));
+            }
         }
     }
     free(xv); free(y); free(h); free(qb); free(ab); free(gb); free(scratch);
