@@ -456,8 +456,8 @@ static inline void amx_scores16(const bf16 *kb, int kstride, const bf16 *qv, int
  *
  * One task per (key/value head, chunk of up to 16 of its T x g queries: query (r, e) is row r's
  * head hk * g + e): the chunk's queries share each block of committed keys and values (its
- * scores in one AMX tile where there is AMX, else 16 slots at a time per query, reduced by one
- * fixed tree) and each row's own ancestors come after. Chunks are halved until there are two
+ * scores in one AMX tile where there is AMX, else up to four queries per loaded key vector,
+ * scores_shared, each reduced by one fixed tree) and each row's own ancestors come after. Chunks are halved until there are two
  * tasks per thread. Every (row, head) computes exactly what it computes alone, whatever the
  * chunk: each score is one chain over hd, each value sum one FMA chain per lane over the row's
  * slots in slot order. */
