@@ -92,15 +92,19 @@ static inline __m512 vexp(__m512 x) {
 #define PF_BLOCKS 2 /* prefetch the weight rows this many blocks ahead, to L1 (measured: 1-8 blocks alike in bf16; in fp32
                      * 4 blocks to L2 sped 9 rows up but slowed one row, reports/fused-v3) */
 
-/* The lane sums of a[0..3] into out[0..no-1], each by the tree of _mm512_reduce_add_ps (lanes
- * l + l+8, then + l+4, then + l+2, then + l+1), transposed so that the four share each shuffle
- * and add: bit for bit four _mm512_reduce_add_ps, in about half the instructions (reduce16 below does
- * the same for sixteen). */
-static inline __attribute__((always_inline)) void reduce4(const __m512 *a, float *out, int no) {
+/* The first two levels of _mm512_reduce_add_ps's tree (lanes l + l+8, then + l+4) for a[0..3]
+ * at once: 128-bit block b of the result holds a[b]'s four partial sums. */
+static inline __attribute__((always_inline)) __m512 reduce_halves4(const __m512 *a) {
     const __m512 v0 = _mm512_add_ps(_mm512_shuffle_f32x4(a[0], a[1], 0x44), _mm512_shuffle_f32x4(a[0], a[1], 0xEE));
     const __m512 v1 = _mm512_add_ps(_mm512_shuffle_f32x4(a[2], a[3], 0x44), _mm512_shuffle_f32x4(a[2], a[3], 0xEE));
-    /* 128-bit block b: a[b]'s lanes 0-3 of l + l+8, + its lanes 4-7 */
-    const __m512 w = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x88), _mm512_shuffle_f32x4(v0, v1, 0xDD));
+}
+
+/* The lane sums of a[0..3] into out[0..no-1], each by the tree of _mm512_reduce_add_ps (lanes
+ * l + l+8, then + l+4, then + l+2, then + l+1), four at once: bit for bit four
+ * _mm512_reduce_add_ps, in about half the instructions (reduce16 below does sixteen). */
+static inline __attribute__((always_inline)) void reduce4(const __m512 *a, float *out, int no) {
+    const __m512 w = reduce_halves4(a);
     const __m512 t = _mm512_add_ps(w, _mm512_permute_ps(w, _MM_SHUFFLE(1, 0, 3, 2))); /* l + l+2 */
     const __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1))); /* lane 4b: a[b]'s sum */
     _mm512_mask_storeu_ps(out, m16(no), _mm512_maskz_compress_ps(0x1111, u));
@@ -373,11 +377,8 @@ static void value_sum(const float *const *p, int nq, int cnt, const float *v, in
  * _mm512_reduce_add_ps (lanes l + l+8, then + l+4, then + l+2, then + l+1), transposed so that
  * the sixteen share each shuffle: a sum's bits do not depend on its place or its neighbours. */
 static inline __attribute__((always_inline)) __m512 reduce16(const __m512 *acc) {
-    __m512 v[8], w[4], u[2];
-    for (int m = 0; m < 8; m++) /* [acc 2m: l + l+8 | acc 2m+1: l + l+8] */
-        v[m] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * m], acc[2 * m + 1], 0x44), _mm512_shuffle_f32x4(acc[2 * m], acc[2 * m + 1], 0xEE));
-    for (int m = 0; m < 4; m++) /* 128-bit block b: acc 4m + b, + l+4 */
-        w[m] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * m], v[2 * m + 1], 0x88), _mm512_shuffle_f32x4(v[2 * m], v[2 * m + 1], 0xDD));
+    __m512 w[4], u[2];
+    for (int m = 0; m < 4; m++) w[m] = reduce_halves4(acc + 4 * m); /* 128-bit block b: acc 4m + b */
     for (int m = 0; m < 2; m++) /* block b: [acc 8m + b: 2 sums, acc 8m + 4 + b: 2 sums], + l+2 */
         u[m] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * m], w[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                              _mm512_shuffle_ps(w[2 * m], w[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
