@@ -172,6 +172,24 @@ def test_data_then_train_then_generate(model_dir, tmp_path):
     assert r.exit_code == 0, r.output
 
 
+def test_data_dtype_auto_extends_a_set_in_its_own_dtype(model_dir, tmp_path):
+    """--dtype auto (the default) resumes a set in the dtype it was written in, whatever this
+    CPU would pick for a new one; an explicit other dtype is refused, naming the setting."""
+    d, _, _ = model_dir
+    prompts = _prompts_txt(tmp_path / "prompts.txt")
+    flags = ["data", "--target", str(d), "--out", str(tmp_path / "data"), "--prompts-file", str(prompts),
+             "--document-share", "0", "--follow-up-share", "0", "--batch-size", "2", "--max-prompt-tokens", "6",
+             "--max-response-tokens", "6", "--threads", "1"]
+    r = runner.invoke(app, [*flags, "--num-samples", "2", "--dtype", "bf16"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, [*flags, "--num-samples", "4"])
+    assert r.exit_code == 0, r.output
+    m = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert m["settings"]["dtype"] == "bfloat16" and m["num_samples"] >= 4
+    r = runner.invoke(app, [*flags, "--num-samples", "6", "--dtype", "fp32"])
+    assert r.exit_code == 2 and "dtype: was 'bfloat16', now 'float32'" in r.output
+
+
 def test_base_model_head_end_to_end(tmp_path):
     """A model without a chat template: continuation data, a trained head, then generation and
     acceptance through the CLI, each step reading what the one before wrote."""

@@ -54,8 +54,20 @@ def test_resume_extends_exactly_like_one_run(tiny, tmp_path):
 def test_other_settings_in_same_dir_are_refused(tiny, tmp_path):
     model, tok = tiny
     generate_data(model, tok, tmp_path, DataConfig(num_samples=2, **CFG), progress=False)
-    with pytest.raises(DataError, match="other settings"):
+    with pytest.raises(DataError, match="other settings") as e:
         generate_data(model, tok, tmp_path, DataConfig(num_samples=4, **{**CFG, "seed": 9}), progress=False)
+    assert "config.seed: was 3, now 9" in str(e.value)  # the flag to fix, not the whole settings dump
+    assert "max_prompt_tokens" not in str(e.value)
+
+
+def test_settings_diff_names_each_changed_leaf():
+    from mtpspec.training.data import settings_diff
+
+    was = {"config": {"seed": 1, "batch_size": 4}, "dtype": "bfloat16", "corpus": None}
+    now = {"config": {"seed": 1, "batch_size": 8}, "dtype": "float32", "passages": {"count": 3}}
+    assert settings_diff(was, now) == ("config.batch_size: was 4, now 8; dtype: was 'bfloat16', now 'float32'; "
+                                       "passages: was None, now {'count': 3}")
+    assert settings_diff(was, was) == ""
 
 
 def test_prompts_file_sources(tiny, tmp_path):

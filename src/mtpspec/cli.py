@@ -190,11 +190,13 @@ def data(
     passage_share: float = typer.Option(0.75, "--passage-share", help="With --passages: share of document seeds "
                                         "that take a real passage."),
     seed: int = typer.Option(0, "--seed"),
-    dtype: str = typer.Option("bf16", "--dtype", help="Generation dtype: bf16 (fast batched on modern CPUs) or fp32."),
+    dtype: str = typer.Option("auto", "--dtype", help="Generation dtype: bf16, fp32, or auto (the set's own dtype when "
+                              "extending one, else bf16 where the CPU has native bf16 matmuls and fp32 where bf16 is "
+                              "emulated, several times slower than fp32)."),
     threads: int = THREADS,
 ) -> None:
     """Write self-distillation data: the target's own prompts and responses, as compressed token shards."""
-    from .training.data import DataConfig, generate_data
+    from .training.data import DataConfig, generate_data, recorded_dtype
 
     set_threads(threads)
     cfg = DataConfig(num_samples=num_samples, batch_size=batch_size, recipe=recipe, max_prompt_tokens=max_prompt_tokens,
@@ -202,6 +204,8 @@ def data(
                      prompt_temperature=prompt_temperature, response_temperature=response_temperature,
                      task_share=task_share, document_share=document_share, follow_up_share=follow_up_share,
                      passage_share=passage_share, seed=seed)
+    if dtype == "auto":
+        dtype = recorded_dtype(out) or "auto"
     loaded, _ = open_target(target, dtype)
     m = generate_data(loaded.model, loaded.tokenizer, out, cfg, prompts_file, corpus, passages=passages or None)
     typer.echo(f"{m['num_samples']} samples, {m['num_tokens']} tokens ({m['num_response_tokens']} in responses) "

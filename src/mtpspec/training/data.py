@@ -466,6 +466,30 @@ def _write(model: Any, tokenizer: Any, out: Path, cfg: DataConfig, recipe: str, 
     return manifest
 
 
+def settings_diff(was: dict[str, Any], now: dict[str, Any], prefix: str = "") -> str:
+    """What differs between two settings dicts, one `key: was X, now Y` per leaf, nested
+    keys dotted (`config.seed`): a refusal to resume names the flags to fix."""
+    parts = []
+    for k in sorted(set(was) | set(now), key=str):
+        a, b = was.get(k), now.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            if sub := settings_diff(a, b, f"{prefix}{k}."):
+                parts.append(sub)
+        elif a != b:
+            parts.append(f"{prefix}{k}: was {a!r}, now {b!r}")
+    return "; ".join(parts)
+
+
+def recorded_dtype(out: str | Path) -> str | None:
+    """The generation dtype a data set was written in ("bf16" / "fp32"), or None where out holds
+    no set (or a damaged one: `generate_data` says what is wrong with it)."""
+    try:
+        dtype = read_manifest(Path(out))["settings"]["dtype"]
+    except (DataError, KeyError, TypeError):
+        return None
+    return {"bfloat16": "bf16", "float32": "fp32"}.get(dtype)
+
+
 def _load_manifest(out: Path, target: Target, settings: dict[str, Any]) -> dict[str, Any]:
     ident = asdict(target.identity())
     if (out / "manifest.json").is_file():
@@ -475,8 +499,8 @@ def _load_manifest(out: Path, target: Target, settings: dict[str, Any]) -> dict[
         if "generation" not in m["settings"]:  # written before the setting existed: extended as it was
             settings = {k: v for k, v in settings.items() if k != "generation"}
         if m["settings"] != settings:
-            raise DataError(f"{out} was written with other settings ({m['settings']}); use the same "
-                            "flags to resume, or another --out for new data.")
+            raise DataError(f"{out} was written with other settings ({settings_diff(m['settings'], settings)}); "
+                            "use the same flags to resume, or another --out for new data.")
         return m
     return {"target": ident, "settings": settings, "num_samples": 0, "num_shards": 0, "num_tokens": 0,
             "num_response_tokens": 0, "prompts_consumed": 0, "prompt_hashes": []}
