@@ -260,3 +260,38 @@ def test_a_set_written_before_the_generation_setting_is_extended_as_written(tiny
     generate_data(model, tok, d, DataConfig(num_samples=6, **CFG), progress=False)
     assert "generation" not in json.loads((d / "manifest.json").read_text())["settings"]
     assert len(load_samples(d)) >= 6
+
+
+def test_length_buckets_give_each_row_what_one_call_gives(tiny, monkeypatch):
+    """Greedy generation per bucket equals one call over the whole padded batch (fp32), row by row."""
+    from mtpspec.training import data, fast_generate
+
+    calls = []
+
+    def cheap_calls(lengths, max_new):  # a call costs nothing: cut wherever padding is saved
+        calls.append(b := fast_generate.length_buckets(lengths, max_new, bucket_cost=0))
+        return b
+
+    monkeypatch.setattr(data, "length_buckets", cheap_calls)
+    model, tok = tiny
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(5, 90, (n,), generator=g).tolist() for n in (3, 40, 4, 5, 38, 3)]
+    one = data._Writer(model, tok, DataConfig(), [1], buckets=False).generate(rows, 6, 0.0)
+    assert not calls
+    many = data._Writer(model, tok, DataConfig(), [1], buckets=True).generate(rows, 6, 0.0)
+    assert len(calls[0]) >= 2 and many == one
+
+
+def test_a_set_written_before_length_buckets_is_extended_in_one_call_per_batch(tiny, tmp_path, monkeypatch):
+    from mtpspec.training import data
+
+    model, tok = tiny
+    d = tmp_path / "old"
+    generate_data(model, tok, d, DataConfig(num_samples=3, **CFG), progress=False)
+    m = json.loads((d / "manifest.json").read_text())
+    assert m["settings"]["generation"].pop("batching") == "length-buckets"
+    (d / "manifest.json").write_text(json.dumps(m))  # as an mtpspec before length buckets wrote it
+    monkeypatch.setattr(data, "length_buckets", lambda *a: pytest.fail("an old set must not be bucketed"))
+    generate_data(model, tok, d, DataConfig(num_samples=6, **CFG), progress=False)
+    assert "batching" not in json.loads((d / "manifest.json").read_text())["settings"]["generation"]
+    assert len(load_samples(d)) >= 6

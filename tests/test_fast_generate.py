@@ -73,3 +73,18 @@ def test_nucleus_sampler_refuses_what_it_cannot_sample():
         NucleusSampler(0.0, 0.9)
     with pytest.raises(ValueError, match="top_p <= 1"):
         NucleusSampler(1.0, 1.5)
+
+
+def test_length_buckets_partition_the_rows_shortest_first():
+    from mtpspec.training.fast_generate import length_buckets
+
+    lengths = [60, 586, 45, 70, 360, 50, 66, 58] * 12
+    buckets = length_buckets(lengths, 192)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))  # every row once
+    widths = [[lengths[i] for i in b] for b in buckets]
+    assert all(max(a) <= min(b) for a, b in zip(widths, widths[1:]))  # contiguous in length
+    assert len(buckets) >= 2 and max(widths[0]) <= 70  # the long passages no longer pad the short rows
+    assert length_buckets([50] * 10, 192) == [list(range(10))]  # equal lengths: one call
+    assert length_buckets([10, 20], 8, bucket_cost=10**9) == [[0, 1]]  # a call costs more than padding saves
+    assert length_buckets([], 8) == []
+

@@ -41,7 +41,7 @@ from transformers import LogitsProcessorList
 
 from ..core.target import Target
 from ..errors import DataError, InputError
-from .fast_generate import NucleusSampler, attention_implementation, generation
+from .fast_generate import NucleusSampler, attention_implementation, generation, length_buckets
 from .shards import read_manifest, save_manifest, shard_path, write_shard
 from .tasks import DOCUMENT_OPENERS, FOLLOW_UPS, TASK_OPENERS, is_repetitive, request_over
 
@@ -214,9 +214,11 @@ def _chat_prefix(tokenizer: Any, opener: str) -> str:
 class _Writer:
     """Batched generation over token-id rows, for one data run (model, tokenizer, stop ids)."""
 
-    def __init__(self, model: Any, tokenizer: Any, cfg: DataConfig, stop_ids: list[int], fast: bool = True):
+    def __init__(self, model: Any, tokenizer: Any, cfg: DataConfig, stop_ids: list[int], fast: bool = True,
+                 buckets: bool = True):
         self.model, self.tok, self.cfg, self.stop_ids = model, tokenizer, cfg, stop_ids
         self.fast = fast  # sample with `NucleusSampler` (else HF's own top-p)
+        self.buckets = buckets  # one generate call per length bucket (`length_buckets`), else one per batch
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else stop_ids[0]
 
@@ -233,6 +235,16 @@ class _Writer:
         return bool(ids) and ids[-1] in self.stop_ids
 
     def generate(self, rows: list[list[int]], max_new: int, temperature: float) -> list[list[int]]:
+        """Batched HF generate, one call per length bucket -> each row's new ids, in row order."""
+        if not self.buckets:
+            return self._generate(rows, max_new, temperature)
+        new: list[list[int]] = [[] for _ in rows]
+        for bucket in length_buckets([len(r) for r in rows], max_new):
+            for i, ids in zip(bucket, self._generate([rows[i] for i in bucket], max_new, temperature)):
+                new[i] = ids
+        return new
+
+    def _generate(self, rows: list[list[int]], max_new: int, temperature: float) -> list[list[int]]:
         """Left-padded batched HF generate -> each row's new ids, cut after the first stop id."""
         if not rows:
             return []
@@ -388,9 +400,9 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     out_dir is created, so a failed start leaves nothing behind. The model's dtype is part of
     the settings: bf16 batched generation is several times faster than fp32 on CPUs with
     avx512_bf16, and its rare argmax flips hardly matter for training. Generation runs through
-    `fast_generate` (nucleus sampling from the top candidates, grouped decode attention); the
-    manifest records it, and a set started before it existed is extended with HF's own
-    generation, as it was written."""
+    `fast_generate` (nucleus sampling from the top candidates, grouped decode attention, one
+    generate call per length bucket); the manifest records it, and a set started before any of
+    these existed is extended as it was written (HF's own generation; one call per batch)."""
     out = Path(out_dir)
     recipe = resolve_recipe(cfg.recipe, tokenizer)
     if out.exists() and not out.is_dir():
@@ -417,13 +429,15 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     # None: a set started before `fast_generate`, extended with HF's own generation, as it was written
     how = manifest["settings"].get("generation")
     with attention_implementation(model, how["attention"]) if how else contextlib.nullcontext():
-        return _write(model, tokenizer, out, cfg, recipe, extra, real, manifest, progress, how is not None)
+        return _write(model, tokenizer, out, cfg, recipe, extra, real, manifest, progress, how is not None,
+                      bool(how and how.get("batching") == "length-buckets"))
 
 
 def _write(model: Any, tokenizer: Any, out: Path, cfg: DataConfig, recipe: str, extra: list[str],
-           real: list[tuple[str, str]], manifest: dict[str, Any], progress: bool, fast: bool) -> dict[str, Any]:
+           real: list[tuple[str, str]], manifest: dict[str, Any], progress: bool, fast: bool,
+           buckets: bool) -> dict[str, Any]:
     """The batch loop of `generate_data`, from the manifest's resume point."""
-    writer = _Writer(model, tokenizer, cfg, stop_token_ids(model, tokenizer), fast)
+    writer = _Writer(model, tokenizer, cfg, stop_token_ids(model, tokenizer), fast, buckets)
     done = manifest["num_samples"]
     stream = _prompt_stream(cfg, recipe, extra, real)
     for _ in range(manifest["prompts_consumed"]):  # replay the deterministic stream
@@ -498,6 +512,8 @@ def _load_manifest(out: Path, target: Target, settings: dict[str, Any]) -> dict[
             raise DataError(f"{out} holds data from a different target ({m['target']}); use another --out.")
         if "generation" not in m["settings"]:  # written before the setting existed: extended as it was
             settings = {k: v for k, v in settings.items() if k != "generation"}
+        elif "batching" not in m["settings"]["generation"]:  # written before length buckets: one call per batch
+            settings = {**settings, "generation": {k: v for k, v in settings["generation"].items() if k != "batching"}}
         if m["settings"] != settings:
             raise DataError(f"{out} was written with other settings ({settings_diff(m['settings'], settings)}); "
                             "use the same flags to resume, or another --out for new data.")

@@ -38,6 +38,7 @@ from ..core.kernels import attention
 
 NAME = "mtpspec_grouped_decode"
 SAMPLING = "nucleus-topk"
+BATCHING = "length-buckets"
 
 
 def generation(model: Any) -> dict[str, str]:
@@ -46,7 +47,34 @@ def generation(model: Any) -> dict[str, str]:
     stands in for "sdpa" only; a model HF runs otherwise (Gemma 2's soft-capped scores run
     "eager") keeps its own attention."""
     own = model.config._attn_implementation
-    return {"attention": NAME if own in ("sdpa", NAME) else own, "sampling": SAMPLING}
+    return {"attention": NAME if own in ("sdpa", NAME) else own, "sampling": SAMPLING, "batching": BATCHING}
+
+
+def length_buckets(lengths: list[int], max_new: int, row_cost: int = 64, bucket_cost: int = 4096) -> list[list[int]]:
+    """Split a batch of left-padded rows into generate calls by length: row indices, shortest
+    first, cut where that lowers sum(rows x (longest + max_new / 2 + row_cost)) + calls x
+    bucket_cost (optimal, by dynamic programming over the sorted lengths).
+
+    Why: a batched decode step reads (and HF's cache copies) every row's cache at the padded
+    width, so one 586-token passage made 178 rows of a median 69 tokens attend ~600 positions
+    each: 48 steps took 672 s in one call, 195 s in four length buckets (fp32, 2 threads, an
+    AVX2 EPYC). row_cost stands for a row's matmuls in units of cached positions, bucket_cost
+    for a call's fixed per-step cost; both rough, they only place the cuts."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    n = len(order)
+    best = [0.0] + [float("inf")] * n  # best[j]: cost of rows order[:j]
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        width = lengths[order[j - 1]] + max_new / 2 + row_cost  # the longest of a bucket ending at j
+        for i in range(j):
+            c = best[i] + (j - i) * width + bucket_cost
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    buckets, j = [], n
+    while j:
+        buckets.append(order[cut[j]:j])
+        j = cut[j]
+    return buckets[::-1]
 
 
 class NucleusSampler:
