@@ -58,7 +58,8 @@ def length_buckets(lengths: list[int], max_new: int, row_cost: int = 64, bucket_
     Why: a batched decode step reads (and HF's cache copies) every row's cache at the padded
     width, so one 586-token passage made 178 rows of a median 69 tokens attend ~600 positions
     each: 48 steps took 672 s in one call, 195 s in four length buckets (fp32, 2 threads, an
-    AVX2 EPYC). row_cost stands for a row's matmuls in units of cached positions, bucket_cost
+    AVX2 EPYC). The writer's own calls (one per stage) mix lengths far less: there a whole
+    batch wrote no faster (`reports/data-speed/`). row_cost stands for a row's matmuls in units of cached positions, bucket_cost
     for a call's fixed per-step cost; both rough, they only place the cuts."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     n = len(order)
