@@ -87,4 +87,3 @@ def test_length_buckets_partition_the_rows_shortest_first():
     assert length_buckets([50] * 10, 192) == [list(range(10))]  # equal lengths: one call
     assert length_buckets([10, 20], 8, bucket_cost=10**9) == [[0, 1]]  # a call costs more than padding saves
     assert length_buckets([], 8) == []
-

@@ -495,13 +495,13 @@ def settings_diff(was: dict[str, Any], now: dict[str, Any], prefix: str = "") ->
 
 
 def recorded_dtype(out: str | Path) -> str | None:
-    """The generation dtype a data set was written in ("bf16" / "fp32"), or None where out holds
-    no set (or a damaged one: `generate_data` says what is wrong with it)."""
+    """The generation dtype a data set was written in ("bfloat16", "float32": names `--dtype`
+    takes), or None where out holds no set (or a damaged one: `generate_data` says what is
+    wrong with it)."""
     try:
-        dtype = read_manifest(Path(out))["settings"]["dtype"]
+        return read_manifest(Path(out))["settings"]["dtype"]
     except (DataError, KeyError, TypeError):
         return None
-    return {"bfloat16": "bf16", "float32": "fp32"}.get(dtype)
 
 
 def _load_manifest(out: Path, target: Target, settings: dict[str, Any]) -> dict[str, Any]:

@@ -59,8 +59,10 @@ def length_buckets(lengths: list[int], max_new: int, row_cost: int = 64, bucket_
     width, so one 586-token passage made 178 rows of a median 69 tokens attend ~600 positions
     each: 48 steps took 672 s in one call, 195 s in four length buckets (fp32, 2 threads, an
     AVX2 EPYC). The writer's own calls (one per stage) mix lengths far less: there a whole
-    batch wrote no faster (`reports/data-speed/`). row_cost stands for a row's matmuls in units of cached positions, bucket_cost
-    for a call's fixed per-step cost; both rough, they only place the cuts."""
+    batch wrote no faster (`reports/data-speed/`); buckets pay where a stage mixes short and long
+    prompts (`--prompts-file`, `--passages`). row_cost stands for a row's matmuls in units of
+    cached positions, bucket_cost for a call's fixed per-step cost; both rough, they only place
+    the cuts."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     n = len(order)
     best = [0.0] + [float("inf")] * n  # best[j]: cost of rows order[:j]
