@@ -190,6 +190,27 @@ def test_data_dtype_auto_extends_a_set_in_its_own_dtype(model_dir, tmp_path):
     assert r.exit_code == 2 and "dtype: was 'bfloat16', now 'float32'" in r.output
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_train_autocast_defaults_to_the_cpus_bf16(model_dir, tmp_path, monkeypatch, native):
+    """Without --bf16/--no-bf16, training autocasts to bf16 only where bf16 matmuls are native
+    (on an AVX2-only CPU they are emulated, several times slower than fp32)."""
+    import torch
+
+    d, _, _ = model_dir
+    monkeypatch.setattr("mtpspec.models.auto_dtype", lambda: torch.bfloat16 if native else torch.float32)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    prompts = _prompts_txt(tmp_path / "prompts.txt")
+    r = runner.invoke(app, ["data", "--target", str(d), "--out", str(tmp_path / "data"), "--prompts-file", str(prompts),
+                            "--document-share", "0", "--follow-up-share", "0", *DATA_FLAGS])
+    assert r.exit_code == 0, r.output
+    run = tmp_path / "run"
+    r = runner.invoke(app, ["train", "--target", str(d), "--data", str(tmp_path / "data"), "--out", str(run),
+                            "--max-draft-tokens", "2", "--epochs", "1", "--batch-size", "2", "--holdout", "0",
+                            "--cache-dtype", "fp32", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["train_config"]["bf16"] is native
+
+
 def test_base_model_head_end_to_end(tmp_path):
     """A model without a chat template: continuation data, a trained head, then generation and
     acceptance through the CLI, each step reading what the one before wrote."""

@@ -229,7 +229,8 @@ def train(
     warmup_steps: int = typer.Option(50, "--warmup-steps"),
     weight_decay: float = typer.Option(0.0, "--weight-decay"),
     clip: float = typer.Option(1.0, "--clip"),
-    bf16: bool = typer.Option(True, "--bf16/--no-bf16", help="bf16 autocast for training the head or draft model."),
+    bf16: bool = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast for training the head or draft model "
+                              "[default: on with a GPU or a CPU with native bf16 matmuls, else off]."),
     holdout: float = typer.Option(0.05, "--holdout"),
     eval_every: int = typer.Option(50, "--eval-every"),
     save_every: int = typer.Option(50, "--save-every"),
@@ -266,6 +267,10 @@ def train(
     from .training.train import train_on_data
 
     set_threads(threads)
+    if bf16 is None:
+        from .models import auto_autocast
+
+        bf16 = auto_autocast()
     cfg = TrainConfig(kind=kind, max_draft_tokens=max_draft_tokens, epochs=epochs, batch_size=batch_size, lr=lr,
                       warmup_steps=warmup_steps, weight_decay=weight_decay, clip=clip, bf16=bf16, holdout=holdout,
                       eval_every=eval_every, save_every=save_every, label_weight=label_weight, feature_weight=feature_weight,
