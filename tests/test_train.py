@@ -17,7 +17,8 @@ import mtpspec
 from mtpspec import DraftInput, HeadConfig, MTPHead, SamplingConfig, Target
 from mtpspec.config import TrainConfig
 from mtpspec.errors import DataError, InputError
-from mtpspec.training.activations import build_cache, load_cache, token_frequencies
+from mtpspec.training import train as train_mod
+from mtpspec.training.activations import Sample, build_cache, load_cache, token_frequencies
 from mtpspec.training.train import MTPObjective, collate, round_roots, train
 
 FAST = dict(batch_size=8, lr=3e-3, warmup_steps=2, eval_every=1000, save_every=1000, bf16=False, max_draft_tokens=3)
@@ -70,10 +71,12 @@ def test_train_time_predictions_equal_inference_drafts(tiny_run):
             logits = head(full.hidden, seq, keys, values, K)
         train_drafts = [int(lg[0, t].argmax()) for _, lg in logits]
         assert train_drafts == d.tokens.tolist(), t
-        # computing only the rows from `start` on gives the same rows
+        # computing only the rows from t on gives the same rows, as does any (B, R) choice of rows
         with torch.no_grad():
-            part = head(full.hidden, seq, keys, values, K, start=t)
+            part = head(full.hidden, seq, keys, values, K, rows=t)
+            picked = head(full.hidden, seq, keys, values, K, rows=torch.tensor([[t, 1, t + 1]]))
         assert all(torch.allclose(a[1][:, t:], b[1], atol=1e-5) for a, b in zip(logits, part))
+        assert all(torch.allclose(a[1][:, [t, 1, t + 1]], b[1], atol=1e-5) for a, b in zip(logits, picked))
 
 
 def test_copy_vocabulary_in_training_equals_drafting_with_copy_context():
@@ -101,7 +104,7 @@ def test_copy_vocabulary_in_training_equals_drafting_with_copy_context():
         full = target.forward(seq, full_cache, head.config.hidden_layers)
         keys, values = full_cache.layer(head.kv_layer)
         batch = {"ids": seq, "lengths": torch.tensor([seq.shape[1]]), "prompt_lens": torch.tensor([1])}
-        vocab = obj.batch_vocab(batch, 0)
+        vocab = obj.batch_vocab(batch, torch.arange(seq.shape[1]).unsqueeze(0))
         with torch.no_grad():
             logits = vocab.mask(head(full.hidden, seq, keys, values, K, 0, vocab.extra_rows))
         train_drafts = [int(vocab.ids[lg[0, t].argmax()]) for _, lg in logits]
@@ -113,6 +116,53 @@ def test_copy_vocabulary_in_training_equals_drafting_with_copy_context():
         assert finite == allowed and all(x in col for x in allowed)
         copied += sum(x not in range(4, 12) for x in d.tokens.tolist())
     assert copied > 0  # the check covered drafts outside the draft vocabulary
+
+
+def _uneven(samples):
+    """The samples cut to different lengths and answer starts (prompt lengths 2..12)."""
+    out = []
+    for i, s in enumerate(samples):
+        n, pl = s.ids.shape[0] - 3 * i, 2 + 5 * (i % 3)
+        out.append(Sample(s.ids[:n], pl, s.hidden[:n], s.keys[:, :n], s.values[:, :n], s.top_logp[:n], s.top_ids[:n]))
+    return out
+
+
+def test_a_batch_computes_each_answers_rows_as_that_answer_alone(tiny_run, monkeypatch):
+    """Sequences whose answers start and end at different places: each computes its own rows
+    (`answer_rows`), and the padded batch's loss is the sum of the sequences' losses alone, with
+    every loss term on; with one draft step (no row before an answer's own has a term) it equals
+    computing every row of every sequence. Acceptance does not depend on the batching either."""
+    model, root = tiny_run
+    samples = _uneven(load_cache(root / "act")[:6])
+    assert len({s.prompt_len for s in samples}) == 3 and len({s.ids.shape[0] for s in samples}) == 6
+    torch.manual_seed(0)
+    head = MTPHead(Target(model), HeadConfig(), draft_ids=torch.arange(0, 64)).float()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    batch = collate(samples)
+
+    def every_row(b, before):
+        return torch.arange(b["ids"].shape[1]).expand(len(b["ids"]), -1)
+
+    with torch.no_grad():
+        for K in (1, 3):
+            obj = MTPObjective(head, TrainConfig(max_draft_tokens=K, bf16=False, round_weight=1.0, tv_weight=0.5,
+                                                 copy_context=True))
+            together, n = obj.loss(head, batch)
+            alone = [obj.loss(head, collate([s])) for s in samples]
+            assert n == sum(m for _, m in alone) > 0
+            assert float(together) == pytest.approx(sum(float(x) for x, _ in alone), rel=1e-5)
+            acc = obj.acceptance(samples, 6)
+            assert acc == pytest.approx(obj.acceptance(samples, 1), rel=1e-6)
+            with monkeypatch.context() as m:
+                m.setattr(train_mod, "answer_rows", every_row)
+                every, n_every = obj.loss(head, batch)
+                assert obj.acceptance(samples, 6) == pytest.approx(acc, rel=1e-6)
+            if K == 1:
+                assert n_every == n and float(every) == pytest.approx(float(together), rel=1e-5)
+            else:  # later steps of the rows just before an answer predict its first tokens too
+                assert n_every > n
 
 
 def test_copy_vocabulary_training_learns_to_copy(tiny_run):

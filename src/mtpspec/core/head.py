@@ -108,7 +108,7 @@ class CrossBlock(nn.Module):
         sin: torch.Tensor,  # (B, T, hd)
         keys: torch.Tensor,  # (B, Hk, S, hd), RoPE applied by the target
         values: torch.Tensor,  # (B, Hk, S, hd)
-        mask: torch.Tensor | None,  # (T, S) bool, True = may attend; None = all keys (drafting)
+        mask: torch.Tensor | None,  # (T, S) or (B, 1, T, S) bool, True = may attend; None = all keys (drafting)
     ) -> torch.Tensor:
         B, T, D = x.shape
         q = lin(self.q_proj, self.norm_attn(x)).view(B, T, self.H, self.hd).transpose(1, 2)  # (B, H, T, hd)
@@ -286,28 +286,33 @@ class MTPHead(nn.Module):
         return hidden if self.fuse is None else lin(self.fuse, hidden)
 
     def forward(self, hidden: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                num_steps: int, start: int = 0, extra: torch.Tensor | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Training-time unroll over a whole sequence, exactly as drafting runs it.
+                num_steps: int, rows: int | torch.Tensor = 0,
+                extra: torch.Tensor | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Training-time unroll over whole sequences, exactly as drafting runs it.
 
-        Row t stands for "the last verified position is t": the state starts at the target's
-        features h_t, step j feeds token x_{t+1+j} at position t+1+j, and attention sees the
-        target's keys 0..t only. Only rows t >= start are computed (the prompt's rows need no
-        drafts). Returns, per step, (the state after the target's final norm (B, R, D), logits
-        (B, R, V')), R = T - start; row t - start of step j predicts x_{t+2+j} and is valid for
-        t + 2 + j < T. The normed state estimates the target's own final hidden at t+1+j.
-        `extra` (E, D): LM-head rows scored after the draft vocabulary's, as `round_vocab` adds
-        the context's tokens when drafting (logits (B, R, V' + E)).
+        A row at position t stands for "the last verified position is t": the state starts at the
+        target's features h_t, step j feeds token x_{t+1+j} at position t+1+j, and attention sees
+        the target's keys 0..t only. `rows` says which rows are computed (the prompt's rows need
+        no drafts): an int s = positions s..T-1 of every sequence (R = T - s), or a (B, R) long
+        tensor of each sequence's own positions, so that sequences whose answers start at
+        different places pad only to the longest answer, not to the longest sequence; a position
+        past T - 1 is padding (computed at T - 1, for the caller to mask out). Returns, per step,
+        (the state after the target's final norm (B, R, D), logits (B, R, V')); row [b, r] of
+        step j predicts x_{t+2+j}, t = rows[b, r]. The normed state estimates the target's own
+        final hidden at t+1+j. `extra` (E, D): LM-head rows scored after the draft vocabulary's,
+        as `round_vocab` adds the context's tokens when drafting (logits (B, R, V' + E)).
         """
-        B, T, _ = hidden.shape
-        state = self.initial_state(hidden[:, start:])  # (B, R, D), R = T - start rows
-        R = T - start
-        rows = torch.arange(start, T, device=hidden.device)  # (R,) the row's position t
-        mask = torch.arange(T, device=hidden.device).unsqueeze(0) <= rows.unsqueeze(1)  # (R, T): keys 0..t
-        base = rows.unsqueeze(0).expand(B, R)
+        B, T, F_ = hidden.shape
+        if isinstance(rows, int):
+            rows = torch.arange(rows, T, device=hidden.device).expand(B, -1)
+        at = rows.clamp(max=T - 1)  # (B, R) the row's position t
+        state = self.initial_state(hidden.gather(1, at.unsqueeze(-1).expand(-1, -1, F_)))  # (B, R, D)
+        mask = (torch.arange(T, device=hidden.device).view(1, 1, T) <= at.unsqueeze(-1)).unsqueeze(1)  # (B, 1, R, T)
+        padded = F.pad(tokens, (0, num_steps + 1))  # zeros past the end
         out = []
         for j in range(num_steps):
-            tok = F.pad(tokens[:, start + 1 + j:], (0, 1 + j))[:, :R]  # (B, R): x_{t+1+j}, zero past the end
-            cos, sin = self.rope(base + 1 + j, state)
+            tok = padded.gather(1, at + 1 + j)  # (B, R): x_{t+1+j}
+            cos, sin = self.rope(at + 1 + j, state)
             state = self.step(state, tok, cos, sin, keys, values, mask)
             normed = self.target.final_norm(state)
             out.append((normed, self.project(normed, extra)))

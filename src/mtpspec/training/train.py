@@ -96,15 +96,45 @@ def token_chunks(samples: Sequence[Sample], max_tokens: int) -> list[list[Sample
 def eval_batches(samples: Sequence[Sample], batch_size: int, max_tokens: int) -> Iterator[dict[str, torch.Tensor]]:
     """Collated batches of `batch_size` samples, each cut into token-bounded parts."""
     for i in range(0, len(samples), batch_size):
-        for part in token_chunks(samples[i:i + batch_size], max_tokens):
+        for part in token_chunks(by_answer_length(samples[i:i + batch_size]), max_tokens):
             yield collate(part)
+
+
+def valid_at(batch: dict[str, torch.Tensor], pos: torch.Tensor) -> torch.Tensor:
+    """(B, R) bool: whether x at (B, R) positions `pos` exists and is a response token."""
+    return (pos < batch["lengths"].unsqueeze(1)) & (pos >= batch["prompt_lens"].unsqueeze(1))
 
 
 def target_rows(batch: dict[str, torch.Tensor], offset: int) -> torch.Tensor:
     """(B, T) bool: rows t whose predicted token x_{t+offset} exists and is a response token."""
     B, T = batch["ids"].shape
-    pos = torch.arange(T).unsqueeze(0) + offset  # (B, T)
-    return (pos < batch["lengths"].unsqueeze(1)) & (pos >= batch["prompt_lens"].unsqueeze(1))
+    return valid_at(batch, torch.arange(T).unsqueeze(0) + offset)
+
+
+def answer_rows(batch: dict[str, torch.Tensor], before: int) -> torch.Tensor:
+    """(B, R) long: each sequence's rows from `before` positions ahead of its answer (row t's
+    drafts predict x_{t+2}.., so before = 2 is the first row that predicts an answer token) to its
+    end, R the longest such span; a shorter one is padded with positions past its end. Computing
+    these rows instead of every row from the batch's shortest prompt on cut the rows of a batch
+    of the kept data 2.9x -> 1.8x the useful ones (1.4x with `by_answer_length`)."""
+    first = (batch["prompt_lens"] - before).clamp_min(0)  # (B,)
+    R = int((batch["lengths"] - first).max())
+    return first.unsqueeze(1) + torch.arange(R)
+
+
+def by_answer_length(samples: Sequence[Sample]) -> list[Sample]:
+    """Longest answer first, so that the token-bounded parts of a batch (`token_chunks`) hold
+    answers of similar lengths and `answer_rows` pads little. The summed loss does not depend
+    on the order."""
+    return sorted(samples, key=lambda s: s.prompt_len - s.ids.shape[0])
+
+
+def gather_rows(x: torch.Tensor, pos: torch.Tensor, fill: float | int) -> torch.Tensor:
+    """x (B, T, ...) at (B, R) positions -> (B, R, ...), `fill` where a position is past T - 1."""
+    T = x.shape[1]
+    idx = pos.clamp(max=T - 1).view(*pos.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
+    past = (pos >= T).view(*pos.shape, *([1] * (x.dim() - 2)))
+    return x.gather(1, idx).masked_fill(past, fill)
 
 
 def round_roots(accepted: Sequence[int], valid: Sequence[bool], start: int) -> list[int]:
@@ -170,33 +200,31 @@ class MTPObjective:
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
         dt = torch.float32
-        # rows before start predict only prompt tokens: skip them (about 40% of the compute)
-        start = max(0, int(batch["prompt_lens"].min()) - 2)
-        vocab = self.batch_vocab(batch, start)
+        rows = answer_rows(batch, 2)  # (B, R): rows before an answer predict only prompt tokens
+        vocab = self.batch_vocab(batch, rows)
         logits = vocab.mask(model(batch["hidden"].to(dt), batch["ids"], batch["keys"].to(dt), batch["values"].to(dt),
-                                  self.cfg.max_draft_tokens, start, vocab.extra_rows))
-        total, rows = torch.zeros(()), 0
+                                  self.cfg.max_draft_tokens, rows, vocab.extra_rows))
+        total, rows_n = torch.zeros(()), 0
         ids = batch["ids"]
         D = self.head.target.hidden_size
         use_feat = self.cfg.feature_weight > 0 and self.head.config.hidden_layers[-1] == -1
-        weights = self._round_weights(logits, batch, start, vocab.ids) if self.cfg.round_weight else None
+        weights = self._round_weights(logits, batch, rows, vocab.ids) if self.cfg.round_weight else None
         for j, (normed, lg) in enumerate(logits):
             # step j at row t predicts x_{t+2+j}; the teacher row is t+1+j
-            valid = target_rows(batch, 2 + j)[:, start:]
-            shift = 1 + j
-            top_logp = F.pad(batch["top_logp"][:, shift:], (0, 0, 0, shift), value=-1e4)[:, start:]
-            top_ids = F.pad(batch["top_ids"][:, shift:], (0, 0, 0, shift))[:, start:]
-            labels = F.pad(ids[:, 2 + j:], (0, 2 + j))[:, start:]
+            valid = valid_at(batch, rows + 2 + j)  # (B, R)
+            top_logp = gather_rows(batch["top_logp"], rows + 1 + j, -1e4)  # (B, R, k)
+            top_ids = gather_rows(batch["top_ids"], rows + 1 + j, 0)
+            labels = gather_rows(ids, rows + 2 + j, 0)  # (B, R)
             s, n = distill_loss(lg, top_logp, top_ids, labels, valid, vocab.map, self.cfg.label_weight,
                                 self.cfg.tv_weight, weights)
             if use_feat:  # the target's final hidden at t+1+j is the state the head should reach
-                h = F.pad(batch["hidden"][:, shift:, -D:], (0, 0, 0, shift))[:, start:].float()
+                h = gather_rows(batch["hidden"][..., -D:], rows + 1 + j, 0).float()
                 s = s + self.cfg.feature_weight * F.smooth_l1_loss(normed[valid].float(), h[valid], reduction="none").mean(-1).sum()
             # step j only counts if steps 0..j-1 were accepted: weight it down geometrically
-            total, rows = total + self.cfg.step_decay ** j * s, rows + n
-        return total, rows
+            total, rows_n = total + self.cfg.step_decay ** j * s, rows_n + n
+        return total, rows_n
 
-    def batch_vocab(self, batch: dict[str, torch.Tensor], start: int) -> BatchVocab:
+    def batch_vocab(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> BatchVocab:
         """The vocabulary the head scores on this batch: its draft vocabulary, plus (with
         `copy_context`) every token of the batch outside it, each available to a row only once
         the row's context (x_0..x_{t+1}, what drafting at root t sees) holds it."""
@@ -213,37 +241,36 @@ class MTPObjective:
         extra = all_ids[V:]  # (E,)
         hit = (ids.unsqueeze(-1) == extra) & real.unsqueeze(-1)  # (B, T, E)
         first = torch.where(hit, pos.view(1, T, 1), T).amin(1)  # (B, E): first position, T if absent
-        rows = torch.arange(start, T)  # (R,) root positions t
-        available = first.unsqueeze(1) <= rows.view(1, -1, 1) + 1  # (B, R, E)
+        available = first.unsqueeze(1) <= rows.unsqueeze(-1) + 1  # (B, R, E): rows (B, R) are root positions t
         m = self.vocab_map.clone()
         m[extra] = torch.arange(V, V + extra.numel())
         return BatchVocab(all_ids, m, w, available)
 
     def _leading_hits(self, logits: list[tuple[torch.Tensor, torch.Tensor]], ids: torch.Tensor,
-                      start: int = 0, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, T - start, K) long: 1 at step j of row t while the head's greedy drafts of steps
-        0..j all equal the data's tokens x_{t+2}..x_{t+2+j}, else 0. vocab_ids: the full id of
-        each logit column (None: the full vocabulary)."""
+                      rows: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, R, K) long: 1 at step j of row [b, r] (position t = rows[b, r]) while the head's
+        greedy drafts of steps 0..j all equal the data's tokens x_{t+2}..x_{t+2+j}, else 0.
+        vocab_ids: the full id of each logit column (None: the full vocabulary)."""
         ok = []
         for j, (_, lg) in enumerate(logits):
-            pred = lg.argmax(-1)  # (B, T - start)
+            pred = lg.argmax(-1)  # (B, R)
             if vocab_ids is not None:
                 pred = vocab_ids[pred]
-            ok.append(pred == F.pad(ids[:, 2 + j:], (0, 2 + j), value=-1)[:, start:])
+            ok.append(pred == gather_rows(ids, rows + 2 + j, -1))
         return torch.stack(ok, -1).long().cumprod(-1)
 
     @torch.no_grad()
     def _round_weights(self, logits: list[tuple[torch.Tensor, torch.Tensor]], batch: dict[str, torch.Tensor],
-                       start: int, vocab_ids: torch.Tensor | None) -> torch.Tensor:
-        """(B, T - start) loss weights: 1 + round_weight on the rows where greedy decoding with the
-        head as it is now would start a round (its teacher-forced drafts, walked as decoding
-        walks them), 1 elsewhere."""
+                       rows: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
+        """(B, R) loss weights: 1 + round_weight on the rows where greedy decoding with the head
+        as it is now would start a round (its teacher-forced drafts, walked as decoding walks
+        them), 1 elsewhere."""
         ids = batch["ids"]
-        accepted = self._leading_hits(logits, ids, start, vocab_ids).sum(-1).tolist()  # (B, T - start)
-        valid = target_rows(batch, 2)[:, start:].tolist()  # rows whose first draft has a label
-        w = torch.ones(ids.shape[0], ids.shape[1] - start)
-        for i, pl in enumerate(batch["prompt_lens"].tolist()):
-            roots = round_roots(accepted[i], valid[i], pl - 1 - start)  # the first answer token roots the first
+        accepted = self._leading_hits(logits, ids, rows, vocab_ids).sum(-1).tolist()  # (B, R)
+        valid = valid_at(batch, rows + 2).tolist()  # rows whose first draft has a label
+        w = torch.ones(rows.shape)
+        for i, (pl, first) in enumerate(zip(batch["prompt_lens"].tolist(), rows[:, 0].tolist())):
+            roots = round_roots(accepted[i], valid[i], pl - 1 - first)  # the first answer token roots the first
             w[i, roots] += self.cfg.round_weight
         return w
 
@@ -260,17 +287,19 @@ class MTPObjective:
         runs, hits = [], torch.zeros(K)
         tokens = rounds = 0
         for b in eval_batches(samples, batch_size, self.cfg.micro_batch_tokens):
-            vocab = self.batch_vocab(b, 0)
+            rows = answer_rows(b, 1 + K)  # (B, R): the first row whose last draft predicts an answer token
+            vocab = self.batch_vocab(b, rows)
             with _autocast(self.cfg.bf16):
                 logits = vocab.mask(self.head(b["hidden"].float(), b["ids"], b["keys"].float(), b["values"].float(), K,
-                                              0, vocab.extra_rows))
-            valid = target_rows(b, 1 + K)  # all K steps have a label
-            lead = self._leading_hits(logits, b["ids"], 0, vocab.ids)  # (B, T, K): 1 while every earlier draft matched
+                                              rows, vocab.extra_rows))
+            valid = valid_at(b, rows + 1 + K)  # all K steps have a label
+            lead = self._leading_hits(logits, b["ids"], rows, vocab.ids)  # (B, R, K): 1 while every earlier draft matched
             run = lead[valid]  # (N, K)
             runs.append(run.sum(-1).float())
             hits += run.float().sum(0)
-            for acc, ok_row, pl in zip(lead.sum(-1).tolist(), valid.tolist(), b["prompt_lens"].tolist()):
-                roots = round_roots(acc, ok_row, pl - 1)  # the first round's root: the first answer token
+            for acc, ok_row, pl, first in zip(lead.sum(-1).tolist(), valid.tolist(), b["prompt_lens"].tolist(),
+                                              rows[:, 0].tolist()):
+                roots = round_roots(acc, ok_row, pl - 1 - first)  # the first round's root: the first answer token
                 tokens, rounds = tokens + sum(acc[t] + 1 for t in roots), rounds + len(roots)
         r = torch.cat(runs) if runs else torch.zeros(1)
         return {"accept": 1.0 + float(r.mean()), "accept_rounds": tokens / max(1, rounds),
@@ -476,7 +505,7 @@ def train(target: Target, cache_dir: str | Path | list[str | Path], out_dir: str
         # syncs on each rank's last part only), then divided by the global row count, so the
         # step is that of one batch in one process whatever the parts and ranks.
         opt.zero_grad(set_to_none=True)
-        parts = token_chunks([train_set[i] for i in mine], cfg.micro_batch_tokens)
+        parts = token_chunks(by_answer_length([train_set[i] for i in mine]), cfg.micro_batch_tokens)
         loss_sum, rows = torch.zeros(()), 0
         for n, part in enumerate(parts):
             sync = world == 1 or n == len(parts) - 1
