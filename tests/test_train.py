@@ -130,8 +130,8 @@ def _uneven(samples):
 def test_a_batch_computes_each_answers_rows_as_that_answer_alone(tiny_run, monkeypatch):
     """Sequences whose answers start and end at different places: each computes its own rows
     (`answer_rows`), and the padded batch's loss is the sum of the sequences' losses alone, with
-    every loss term on; with one draft step (no row before an answer's own has a term) it equals
-    computing every row of every sequence. Acceptance does not depend on the batching either."""
+    every loss term on, and equals computing every row of every sequence. Acceptance does not
+    depend on the batching either."""
     model, root = tiny_run
     samples = _uneven(load_cache(root / "act")[:6])
     assert len({s.prompt_len for s in samples}) == 3 and len({s.ids.shape[0] for s in samples}) == 6
@@ -159,10 +159,7 @@ def test_a_batch_computes_each_answers_rows_as_that_answer_alone(tiny_run, monke
                 m.setattr(train_mod, "answer_rows", every_row)
                 every, n_every = obj.loss(head, batch)
                 assert obj.acceptance(samples, 6) == pytest.approx(acc, rel=1e-6)
-            if K == 1:
-                assert n_every == n and float(every) == pytest.approx(float(together), rel=1e-5)
-            else:  # later steps of the rows just before an answer predict its first tokens too
-                assert n_every > n
+            assert n_every == n and float(every) == pytest.approx(float(together), rel=1e-5)
 
 
 def test_copy_vocabulary_training_learns_to_copy(tiny_run):
