@@ -383,7 +383,9 @@ def test_continuing_a_saved_head_starts_from_its_weights_and_vocabulary(tiny_run
     model, root = tiny_run
     cfg = TrainConfig(epochs=1, **FAST)
     held = split(load_cache(root / "act"), cfg)[1]
-    train(Target(model), root / "act", tmp_path / "a", cfg, HeadConfig(draft_vocab_size=40), progress=False)
+    # trained long enough that its held-out acceptance is not a fresh head's
+    train(Target(model), root / "act", tmp_path / "a", TrainConfig(epochs=3, **FAST), HeadConfig(draft_vocab_size=40),
+          progress=False)
     saved = MTPHead.from_pretrained(tmp_path / "a" / "head", model).float()
     # zero steps of a continued run evaluate the saved head itself, not a fresh one
     r = train(Target(model), root / "act", tmp_path / "b", cfg, init_head=tmp_path / "a" / "head", max_steps=0, progress=False)

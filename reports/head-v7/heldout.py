@@ -1,7 +1,9 @@
 """Held-out acceptance of saved heads on the split `mtpspec train` makes (seed 0, holdout 0.04), read
 from a run's activation caches:
 
-    python reports/head-v7/heldout.py THREADS RUN_DIR HEAD_DIR [HEAD_DIR ...]
+    python reports/head-v7/heldout.py THREADS RUN_DIR HEAD_DIR [HEAD_DIR ...] [--holdout 0.04] [-k 6]
+
+(`--holdout` must be the run's own; the ablations in reports/ablations-v3.md held out 0.08.)
 """
 import json
 import sys
@@ -10,14 +12,21 @@ from pathlib import Path
 import torch
 
 from mtpspec.core.target import Target
-from mtpspec.models import load_target
+from mtpspec.models import auto_autocast, load_target
 from mtpspec.pretrained import load_head
 from mtpspec.training.activations import Samples, load_cache
 from mtpspec.training.train import MTPObjective, TrainConfig, split
 
-torch.set_num_threads(int(sys.argv[1]))
-run, heads = sys.argv[2], sys.argv[3:]
-cfg = TrainConfig(holdout=0.04, max_draft_tokens=6)
+args = sys.argv[1:]
+opts = {"--holdout": 0.04, "-k": 6}
+for flag in opts:
+    if flag in args:
+        i = args.index(flag)
+        opts[flag] = float(args[i + 1])
+        del args[i:i + 2]
+torch.set_num_threads(int(args[0]))
+run, heads = args[1], args[2:]
+cfg = TrainConfig(holdout=opts["--holdout"], max_draft_tokens=int(opts["-k"]), bf16=auto_autocast())  # as `mtpspec train` defaults
 held = Samples([])
 for d in sorted(Path(run).glob("activations*"), key=lambda p: (len(p.name), p.name)):
     held = held + split(load_cache(d), cfg)[1]
