@@ -95,9 +95,11 @@ class TrainConfig:
     # What to train: "mtp" (the head) or "draft-model" (a small standalone draft LM with its
     # own embedding and KV cache: the baseline `mtpspec bench` runs as HF assisted generation).
     kind: str = "mtp"
-    # Draft steps unrolled per position (the head's recurrence, exactly as at decode time): the
-    # most drafts per round the head is trained for, saved as HeadConfig.max_draft_tokens.
-    max_draft_tokens: int = 5
+    # Draft steps unrolled per position (the head's recurrence, exactly as at decode time), saved
+    # as HeadConfig.max_draft_tokens. The block is shared across steps, so a head drafts more
+    # steps than it was unrolled for; a step's cost grows with the unroll, and at equal time 2
+    # learned far more than 6 (reports/train-rows/).
+    max_draft_tokens: int = 2
     # Passes over the training split.
     epochs: int = 2
     # Sequences per optimizer step (global, summed over DDP ranks).
