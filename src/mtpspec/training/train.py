@@ -132,10 +132,9 @@ def by_answer_length(samples: Sequence[Sample]) -> list[Sample]:
 
 def gather_rows(x: torch.Tensor, pos: torch.Tensor, fill: float | int) -> torch.Tensor:
     """x (B, T, ...) at (B, R) positions -> (B, R, ...), `fill` where a position is past T - 1."""
-    T = x.shape[1]
-    idx = pos.clamp(max=T - 1).view(*pos.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
-    past = (pos >= T).view(*pos.shape, *([1] * (x.dim() - 2)))
-    return x.gather(1, idx).masked_fill(past, fill)
+    T, shape = x.shape[1], (*pos.shape, *([1] * (x.dim() - 2)))
+    idx = pos.clamp(max=T - 1).view(shape).expand(-1, -1, *x.shape[2:])
+    return x.gather(1, idx).masked_fill((pos >= T).view(shape), fill)
 
 
 def round_roots(accepted: Sequence[int], valid: Sequence[bool], start: int) -> list[int]:
