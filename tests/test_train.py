@@ -162,6 +162,28 @@ def test_a_batch_computes_each_answers_rows_as_that_answer_alone(tiny_run, monke
             assert n_every == n and float(every) == pytest.approx(float(together), rel=1e-5)
 
 
+def test_samples_whose_prompt_fills_the_cache_add_nothing_and_break_nothing(tiny_run):
+    """A prompt longer than the cache's max_len leaves a sample with no answer token. Alone or
+    in a batch made only of such samples it adds no rows and a zero loss (a part of a batch on
+    long passages once crashed on it); beside other samples it changes nothing."""
+    model, root = tiny_run
+    samples = _uneven(load_cache(root / "act")[:4])
+    cut = [Sample(s.ids[:n], n + extra, s.hidden[:n], s.keys[:, :n], s.values[:, :n], s.top_logp[:n], s.top_ids[:n])
+           for s, n, extra in zip(samples[:3], (5, 9, 12), (5, 8, 30))]
+    torch.manual_seed(0)
+    head = MTPHead(Target(model), HeadConfig(), draft_ids=torch.arange(0, 64)).float()
+    for K in (1, 3):
+        obj = MTPObjective(head, TrainConfig(max_draft_tokens=K, bf16=False, round_weight=1.0, tv_weight=0.5,
+                                             copy_context=True))
+        with torch.no_grad():
+            none, n_none = obj.loss(head, collate(cut))
+            mixed, n_mixed = obj.loss(head, collate(cut + samples))
+            alone, n_alone = obj.loss(head, collate(samples))
+        assert n_none == 0 and float(none) == 0.0
+        assert n_mixed == n_alone > 0 and float(mixed) == pytest.approx(float(alone), rel=1e-5)
+        obj.acceptance(cut + samples, 2)  # evaluation batches them too
+
+
 def test_copy_vocabulary_training_learns_to_copy(tiny_run):
     """Fit on answers most of whose tokens lie outside a 16-token draft vocabulary: with
     --copy-context the head learns to draft the ones its context holds; without it those tokens
