@@ -155,6 +155,11 @@ def test_a_batch_computes_each_answers_rows_as_that_answer_alone(tiny_run, monke
             assert float(together) == pytest.approx(sum(float(x) for x, _ in alone), rel=1e-5)
             acc = obj.acceptance(samples, 6)
             assert acc == pytest.approx(obj.acceptance(samples, 1), rel=1e-6)
+            walks = [w for s in samples for _, ws in obj.round_walks([s], 1) for w in ws]  # one per sample
+            assert sorted(w for _, ws in obj.round_walks(samples, 6) for w in ws) == sorted(walks)
+            assert all(0 < sum(a + 1 for a in w) <= s.ids.shape[0] - s.prompt_len for s, w in zip(samples, walks))
+            tokens, rounds = sum(a + 1 for w in walks for a in w), sum(map(len, walks))
+            assert acc["accept_rounds"] == pytest.approx(tokens / rounds)
             with monkeypatch.context() as m:
                 m.setattr(train_mod, "answer_rows", every_row)
                 every, n_every = obj.loss(head, batch)

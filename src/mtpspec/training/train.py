@@ -289,8 +289,21 @@ class MTPObjective:
         what decoding gets (reports/transfer/); `accept_rounds` is the one that ranks heads.
         The head scores the vocabulary it trains on (`copy_context` adds the context's tokens)."""
         K = self.cfg.max_draft_tokens
-        runs, hits = [], torch.zeros(K)
-        tokens = rounds = 0
+        runs, walks = [torch.zeros(0, K)], []
+        for run, w in self.round_walks(samples, batch_size):
+            runs.append(run.float())
+            walks += w
+        r = torch.cat(runs)  # (N, K)
+        tokens, rounds = sum(a + 1 for w in walks for a in w), sum(len(w) for w in walks)
+        return {"accept": 1.0 + float(r.sum(-1).mean()) if len(r) else 1.0, "accept_rounds": tokens / max(1, rounds),
+                **{f"pos{j + 1}": float(r[:, j].sum() / max(1, len(r))) for j in range(K)}}
+
+    @torch.no_grad()
+    def round_walks(self, samples: Sequence[Sample], batch_size: int) -> Iterator[tuple[torch.Tensor, list[list[int]]]]:
+        """Per collated batch part: the leading hits (N, K) of its rows whose K steps all have a
+        label, and per sequence (in the part's order: `by_answer_length`) the drafts accepted by
+        each round of its greedy walk, first round first."""
+        K = self.cfg.max_draft_tokens
         for b in eval_batches(samples, batch_size, self.cfg.micro_batch_tokens):
             rows = answer_rows(b, 1 + K)  # (B, R): the first row whose last draft predicts an answer token
             vocab = self.batch_vocab(b, rows)
@@ -299,16 +312,12 @@ class MTPObjective:
                                               rows, vocab.extra_rows))
             valid = valid_at(b, rows + 1 + K)  # all K steps have a label
             lead = self._leading_hits(logits, b["ids"], rows, vocab.ids)  # (B, R, K): 1 while every earlier draft matched
-            run = lead[valid]  # (N, K)
-            runs.append(run.sum(-1).float())
-            hits += run.float().sum(0)
+            walks = []
             for acc, ok_row, pl, first in zip(lead.sum(-1).tolist(), valid.tolist(), b["prompt_lens"].tolist(),
                                               rows[:, 0].tolist()):
                 roots = round_roots(acc, ok_row, pl - 1 - first)  # the first round's root: the first answer token
-                tokens, rounds = tokens + sum(acc[t] + 1 for t in roots), rounds + len(roots)
-        r = torch.cat(runs) if runs else torch.zeros(1)
-        return {"accept": 1.0 + float(r.mean()), "accept_rounds": tokens / max(1, rounds),
-                **{f"pos{j + 1}": float(hits[j] / max(1, r.numel())) for j in range(K)}}
+                walks.append([acc[t] for t in roots])
+            yield lead[valid], walks
 
 
 @dataclass(frozen=True)
