@@ -39,3 +39,35 @@ def test_acceptance_table_covers_every_category_k_and_temperature(tmp_path):
 def test_acceptance_bad_ks_is_a_clear_error(tmp_path):
     r = CliRunner().invoke(app, ["acceptance", "-k", "0"])
     assert r.exit_code == 2 and "--num-draft-tokens" in r.stderr
+
+
+def test_acceptance_over_a_data_set_decodes_the_prompts_its_target_saw(tmp_path, monkeypatch):
+    """A data directory as --prompts: the picked samples (evenly spread by --limit) are decoded
+    from their stored prompt ids exactly, with no chat template put around them again."""
+    from dataclasses import asdict
+
+    from conftest import write_tiny_data
+
+    import mtpspec.measure.acceptance as acc_mod
+    from mtpspec.core.target import Target
+    from mtpspec.training.shards import load_samples
+
+    model, _ = save_tiny_model_dir(tmp_path / "m")
+    data = write_tiny_data(model, tmp_path / "data", n=6, prompt_len=5, new=8)
+    manifest = json.loads((data / "manifest.json").read_text())
+    (data / "manifest.json").write_text(json.dumps({**manifest, "target": asdict(Target(model).identity())}))
+    MTPHead.for_target(model).save_pretrained(tmp_path / "head")
+    seen = []
+
+    def recording(target, head, prompts, inputs, *args, **kwargs):
+        seen.extend(inputs)
+        return real(target, head, prompts, inputs, *args, **kwargs)
+
+    real = acc_mod.measure_acceptance
+    monkeypatch.setattr(acc_mod, "measure_acceptance", recording)
+    r = CliRunner().invoke(app, ["acceptance", "--target", str(tmp_path / "m"), "--head", str(tmp_path / "head"),
+                                 "--prompts", str(data), "--limit", "3", "-k", "2", "-n", "4", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    stored = [ids[:n].tolist() for ids, n in load_samples(data)]
+    assert [x.tolist() for x in seen] == [stored[0], stored[2], stored[4]]
+    assert "| short | 3 |" in r.stdout

@@ -315,6 +315,8 @@ BAD = [
     ("bench -k 0", "--num-draft-tokens must be >= 1"),
     # acceptance
     ("acceptance --prompts {tmp}/missing.jsonl", "not found"),
+    ("acceptance --prompts {tmp}/data", "written by another target"),
+    ("acceptance --prompts {tmp}/no_data", "is not an mtpspec data directory"),
     ("acceptance --head {tmp}/bad_head", "bad_head is not a readable mtpspec head"),
     ("acceptance -k 1,0", "--num-draft-tokens values must be >= 1"),
     ("acceptance --temperatures 0,hot", "--temperatures must be comma-separated floats"),

@@ -444,7 +444,9 @@ def bench(
 @app.command()
 @user_errors
 def acceptance(
-    prompts: Path = PROMPTS,
+    prompts: Path = typer.Option(None, "--prompts", help="Spec-Bench style .jsonl, or a data directory written by "
+                                 "`mtpspec data` for this target (its prompts as the target saw them; use a set the "
+                                 "head never trained on) [default: the built-in on-device set]."),
     limit: int = LIMIT,
     target: str = TARGET,
     head: Path = HEAD,
@@ -462,15 +464,19 @@ def acceptance(
     from .measure.acceptance import markdown, measure_acceptance
     from .models import chat_ids
     from .pretrained import resolve_head
-    from .prompts import load_prompts
+    from .prompts import data_prompts, load_prompts
 
     k_list = parse_list(num_draft_tokens, int, "--num-draft-tokens", minimum=1)
     t_list = parse_list(temperatures, float, "--temperatures", minimum=0.0)
     set_threads(threads)
-    plist = load_prompts(prompts, limit)
+    from_data = prompts is not None and prompts.is_dir()
+    plist = [] if from_data else load_prompts(prompts, limit)
     loaded, tgt = open_target(target, dtype)
     mtp = resolve_head(tgt, loaded.name, head, warn=_warn).head
-    inputs = [chat_ids(loaded.tokenizer, p.text) for p in plist]
+    if from_data:
+        plist, inputs = data_prompts(prompts, loaded.tokenizer, dataclasses.asdict(tgt.identity()), limit)
+    else:
+        inputs = [chat_ids(loaded.tokenizer, p.text) for p in plist]
     rows = measure_acceptance(tgt, mtp, plist, inputs, k_list, t_list, max_new_tokens, top_p, seed)
     typer.echo(markdown(rows))
     if out:

@@ -1,4 +1,5 @@
-"""Prompt sets: the built-in on-device set (`default.jsonl`) and Spec-Bench style files.
+"""Prompt sets: the built-in on-device set (`default.jsonl`), Spec-Bench style files, and the
+prompts of a data set written by `mtpspec data` (as token ids, exactly as the target saw them).
 
 The built-in set holds 24 prompts of the on-device workloads mtpspec is built for
 (notification and message summaries, rewriting, smart replies, short chat answers, code
@@ -9,11 +10,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DataError, InputError
 
+if TYPE_CHECKING:
+    import torch
+
 DEFAULT_PROMPTS = Path(__file__).parent / "default.jsonl"
+# A data set's prompts are grouped by length in tokens: short requests, and the long ones that
+# carry a passage or an earlier turn (reports/gap/: they accept differently).
+SHORT_PROMPT_TOKENS = 160
 
 
 @dataclass(frozen=True)
@@ -46,9 +53,32 @@ def load_prompts(path: str | Path | None = None, limit: int | None = None) -> li
                             'like {"question_id": 1, "category": "qa", "turns": ["..."]}.') from None
     if not prompts:
         raise DataError(f"Prompts file {p} holds no prompts.")
+    return spread(prompts, limit)
+
+
+def spread(items: list, limit: int | None) -> list:
+    """An evenly spread subset of `limit` items (every len/limit-th), or all of them."""
     if limit is not None:
         if limit < 1:
             raise InputError(f"--limit must be >= 1, got {limit}.")
-        if limit < len(prompts):
-            prompts = [prompts[i * len(prompts) // limit] for i in range(limit)]
-    return prompts
+        if limit < len(items):
+            items = [items[i * len(items) // limit] for i in range(limit)]
+    return items
+
+
+def data_prompts(data_dir: str | Path, tokenizer: Any, target_identity: Any,
+                 limit: int | None = None) -> tuple[list[Prompt], list[torch.Tensor]]:
+    """The prompts of a data set written by `mtpspec data`, evenly spread, as the token ids (T,)
+    the target answered (chat template, passages and earlier turns included) with their text
+    for the record. Category: `short` (under SHORT_PROMPT_TOKENS tokens) or `long`. Only a set
+    the head never trained on measures what it does on new requests (reports/gap/)."""
+    from ..training.shards import load_samples, read_manifest
+
+    m = read_manifest(data_dir)
+    if m["target"] != target_identity:
+        raise DataError(f"{data_dir} holds data written by another target ({m['target']}); its token ids mean "
+                        "nothing to this one. Give a data set of this target, or a .jsonl prompts file.")
+    picked = spread(load_samples(data_dir), limit)
+    prompts = [Prompt(f"{Path(data_dir).name}/{i}", "short" if n < SHORT_PROMPT_TOKENS else "long",
+                      tokenizer.decode(ids[:n].tolist())) for i, (ids, n) in enumerate(picked)]
+    return prompts, [ids[:n].long() for ids, n in picked]
