@@ -470,6 +470,10 @@ def acceptance(
     t_list = parse_list(temperatures, float, "--temperatures", minimum=0.0)
     set_threads(threads)
     from_data = prompts is not None and prompts.is_dir()
+    if from_data:
+        from .training.shards import read_manifest
+
+        read_manifest(prompts)  # not a data set: say so before loading the model
     plist = [] if from_data else load_prompts(prompts, limit)
     loaded, tgt = open_target(target, dtype)
     mtp = resolve_head(tgt, loaded.name, head, warn=_warn).head
