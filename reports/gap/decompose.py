@@ -49,19 +49,19 @@ for d in sorted(Path(run).glob("activations*"), key=lambda p: (len(p.name), p.na
                      "answer_tokens": len(ids) - prompt_len, "walk": walk})
 
 
-def summary(rounds: list[tuple[int, int]]) -> str:
-    """rounds: (answer position where the round starts, drafts accepted)."""
-    n = len(rounds)
-    return f"{sum(a + 1 for _, a in rounds) / max(1, n):.3f} ({n} rounds)"
+def summary(accepted: list[int]) -> str:
+    """Tokens per forward over rounds that accepted these draft counts."""
+    return f"{sum(a + 1 for a in accepted) / max(1, len(accepted)):.3f} ({len(accepted)} rounds)"
 
 
-def rounds_of(rs, lo=0, hi=10**9):
+def rounds_of(rs, lo=0, hi=10**9) -> list[int]:
+    """The accepted drafts of the rounds of samples `rs` that start at answer positions lo..hi-1."""
     out = []
     for r in rs:
         pos = 0
         for a in r["walk"]:
             if lo <= pos < hi:
-                out.append((pos, a))
+                out.append(a)
             pos += a + 1
     return out
 

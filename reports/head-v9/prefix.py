@@ -11,7 +11,7 @@ extend a view with `mtpspec data` (extend the set itself).
 import sys
 from pathlib import Path
 
-from mtpspec.training.shards import load_samples, read_manifest, save_manifest, shard_path
+from mtpspec.training.shards import read_manifest, read_shard, save_manifest, shard_path
 
 src, n, out = Path(sys.argv[1]).resolve(), int(sys.argv[2]), Path(sys.argv[3])
 m = read_manifest(src)
@@ -22,10 +22,9 @@ for i in range(n):
     link = out / shard_path(src, i).name
     link.unlink(missing_ok=True)
     link.symlink_to(shard_path(src, i))
-save_manifest(out, {**{k: v for k, v in m.items() if k != "prompt_hashes"}, "num_shards": n, "num_samples": 0})
-samples = load_samples(out)
+samples = [s for i in range(n) for s in read_shard(shard_path(src, i))]
+answers = sum(len(ids) - p for ids, p in samples)
 save_manifest(out, {**{k: v for k, v in m.items() if k != "prompt_hashes"}, "num_shards": n,
                     "num_samples": len(samples), "num_tokens": sum(len(ids) for ids, _ in samples),
-                    "num_response_tokens": sum(len(ids) - p for ids, p in samples), "view_of": str(src)})
-print(f"{out}: the first {n} of {m['num_shards']} shards of {src.name}, {len(samples)} samples, "
-      f"{sum(len(ids) - p for ids, p in samples)} response tokens")
+                    "num_response_tokens": answers, "view_of": str(src)})
+print(f"{out}: the first {n} of {m['num_shards']} shards of {src.name}, {len(samples)} samples, {answers} response tokens")
