@@ -295,3 +295,66 @@ def test_a_set_written_before_length_buckets_is_extended_in_one_call_per_batch(t
     generate_data(model, tok, d, DataConfig(num_samples=6, **CFG), progress=False)
     assert "batching" not in json.loads((d / "manifest.json").read_text())["settings"]["generation"]
     assert len(load_samples(d)) >= 6
+
+
+def test_everyday_requests_are_seeded_filled_and_varied():
+    import random
+
+    from mtpspec.training.everyday import everyday_request
+
+    a = [everyday_request(random.Random(7)) for _ in range(3)]
+    assert a[0] == a[1] == a[2]
+    reqs = [everyday_request(rng) for rng in [random.Random(0)] for _ in range(2000)]
+    assert not any("{" in r or "}" in r for r in reqs)  # every slot filled
+    assert len(set(reqs)) > 1800  # slot draws make most requests unique (repeats are dropped when written)
+    for marker in ("notifications", "chat", "email", "repl", "```python", "?"):  # each kind shows up
+        assert sum(marker in r.lower() for r in reqs) > 50, marker
+
+
+def test_everyday_requests_share_no_phrase_with_the_built_in_prompts():
+    # the built-in set measures transfer to people's requests: the templates must not copy it
+    import random
+    from importlib.resources import files
+
+    from mtpspec.training.everyday import everyday_request
+
+    def grams(text, n=5):
+        w = text.lower().replace("'", " ").split()
+        return {tuple(w[i:i + n]) for i in range(len(w) - n + 1)}
+
+    builtin = set()
+    for line in files("mtpspec.prompts").joinpath("default.jsonl").read_text().splitlines():
+        builtin |= grams(json.loads(line)["turns"][0])
+    rng = random.Random(1)
+    shared = set().union(*(grams(everyday_request(rng)) for _ in range(3000))) & builtin
+    assert not shared, sorted(shared)[:5]
+
+
+def test_everyday_share_asks_template_requests_and_leaves_older_sets_resumable(tiny, tmp_path):
+    import random
+
+    from mtpspec.training.data import _prompt_stream
+    from mtpspec.training.everyday import everyday_request
+
+    model, tok = tiny
+    cfg = DataConfig(num_samples=1, **CFG, everyday_share=1.0, follow_up_share=0.0)
+    m = generate_data(model, tok, tmp_path / "e", cfg, progress=False)
+    assert m["settings"]["config"]["everyday_share"] == 1.0
+    # every seed is a template request, answered as it is (no self-written turn)
+    stream = _prompt_stream(cfg, "chat", [])
+    seeds = [next(stream) for _ in range(cfg.batch_size)]
+    assert all(kind == "everyday" for kind, _ in seeds)
+    rng = random.Random(cfg.seed)
+    assert seeds[0][1] == (rng.random(), everyday_request(rng))[1]  # one draw for the share, then the request
+    want = {tuple(tok(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                              add_generation_prompt=True), add_special_tokens=False)["input_ids"])
+            for _, text in seeds}
+    got = {tuple(ids[:pl].tolist()) for ids, pl in load_samples(tmp_path / "e")}
+    assert got and got <= want
+    # at 0 the setting is not recorded, so sets written before it existed still resume
+    m = generate_data(model, tok, tmp_path / "o", DataConfig(num_samples=2, **CFG), progress=False)
+    assert "everyday_share" not in m["settings"]["config"]
+    with pytest.raises(InputError, match="everyday-share"):
+        generate_data(model, tok, tmp_path / "c", DataConfig(num_samples=2, **CFG, recipe="continuation",
+                                                             everyday_share=0.5), progress=False)
+    assert not (tmp_path / "c").exists()

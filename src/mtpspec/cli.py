@@ -189,6 +189,10 @@ def data(
                                        "seeds asks over one of them instead of a passage the target writes."),
     passage_share: float = typer.Option(0.75, "--passage-share", help="With --passages: share of document seeds "
                                         "that take a real passage."),
+    everyday_share: float = typer.Option(0.0, "--everyday-share", help="Share of seeds that are everyday requests "
+                                         "assembled from templates (notifications, chats, emails with names and "
+                                         "times; replies, rewrites, short questions, code stubs) instead of turns "
+                                         "the target writes."),
     seed: int = typer.Option(0, "--seed"),
     dtype: str = typer.Option("auto", "--dtype", help="Generation dtype: bf16, fp32, or auto (the set's own dtype when "
                               "extending one, else bf16 where the CPU has native bf16 matmuls and fp32 where bf16 is "
@@ -203,7 +207,7 @@ def data(
                      max_response_tokens=max_response_tokens, max_document_tokens=max_document_tokens,
                      prompt_temperature=prompt_temperature, response_temperature=response_temperature,
                      task_share=task_share, document_share=document_share, follow_up_share=follow_up_share,
-                     passage_share=passage_share, seed=seed)
+                     passage_share=passage_share, everyday_share=everyday_share, seed=seed)
     if dtype == "auto":
         dtype = recorded_dtype(out) or "auto"
     loaded, _ = open_target(target, dtype)

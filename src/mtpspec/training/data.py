@@ -41,6 +41,7 @@ from transformers import LogitsProcessorList
 
 from ..core.target import Target
 from ..errors import DataError, InputError
+from .everyday import everyday_request
 from .fast_generate import NucleusSampler, attention_implementation, generation, length_buckets
 from .shards import read_manifest, save_manifest, shard_path, write_shard
 from .tasks import DOCUMENT_OPENERS, FOLLOW_UPS, TASK_OPENERS, is_repetitive, request_over
@@ -79,6 +80,10 @@ class DataConfig:
     # With real passages: share of the document seeds that ask over a real passage instead of
     # one the target writes.
     passage_share: float = 0.75
+    # Share of seeds that are everyday requests assembled from templates (`everyday.py`:
+    # notifications, chats and emails with names, times and places; replies, rewrites, short
+    # questions, code stubs) instead of turns the target writes. 0 keeps the older recipe.
+    everyday_share: float = 0.0
     # Keep only user turns the target finished itself (ended with a stop token).
     require_finished_prompts: bool = True
     # Seed of the prompt stream and of each batch's sampling; a resume replays it exactly.
@@ -88,7 +93,7 @@ class DataConfig:
         for name in ("num_samples", "batch_size", "max_prompt_tokens", "max_response_tokens", "max_document_tokens"):
             if getattr(self, name) < 1:
                 raise InputError(f"DataConfig.{name} must be >= 1.")
-        for name in ("task_share", "document_share", "follow_up_share", "passage_share"):
+        for name in ("task_share", "document_share", "follow_up_share", "passage_share", "everyday_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise InputError(f"DataConfig.{name} must be in [0, 1].")
         if self.recipe not in RECIPES:
@@ -280,7 +285,7 @@ def _chat_batch(w: _Writer, batch: list[tuple[str, str]], rng: random.Random, se
     """One batch of the chat recipe: user turns, answers, requests over passages, follow-ups."""
     cfg = w.cfg
     # 1. User turns: given prompts as they are; openers continued by the target (sampled).
-    magpie = [op for kind, op in batch if kind != "given" and not kind.startswith("passage:")]
+    magpie = [op for kind, op in batch if kind not in ("given", "everyday") and not kind.startswith("passage:")]
     written = iter(w.generate([w.ids(_chat_prefix(w.tok, op)) for op in magpie], cfg.max_prompt_tokens,
                               cfg.prompt_temperature))
     short: list[list[dict[str, str]]] = []
@@ -294,7 +299,7 @@ def _chat_batch(w: _Writer, batch: list[tuple[str, str]], rng: random.Random, se
                 seen.add(h)
                 real.append([{"role": "user", "content": request}])
             continue
-        if kind == "given":
+        if kind in ("given", "everyday"):
             user = op
         else:
             ids = next(written)
@@ -351,9 +356,10 @@ def _continuation_batch(w: _Writer, batch: list[tuple[str, str]], seen: set[str]
 def _prompt_stream(cfg: DataConfig, recipe: str, extra: list[str],
                    passages: list[tuple[str, str]] | None = None) -> Iterator[tuple[str, str]]:
     """Deterministic stream of (kind, text). Kinds: 'given' (a ready prompt or prefix from a file
-    or corpus), 'magpie' (an opener the target continues as the user's text), 'document:<kind>'
-    (an opener for a passage), 'passage:<kind>' (a real passage to ask about), 'self'
-    (continuation: an opener of the target's own text)."""
+    or corpus), 'everyday' (a request assembled from templates, `everyday.py`), 'magpie' (an
+    opener the target continues as the user's text), 'document:<kind>' (an opener for a
+    passage), 'passage:<kind>' (a real passage to ask about), 'self' (continuation: an opener of
+    the target's own text)."""
     rng = random.Random(cfg.seed)
     tasks, doc_kinds = sorted(TASK_OPENERS), sorted(DOCUMENT_OPENERS)
     i = 0
@@ -362,6 +368,8 @@ def _prompt_stream(cfg: DataConfig, recipe: str, extra: list[str],
             yield "given", extra[rng.randrange(len(extra))]
         elif recipe == "continuation":
             yield "self", CONTINUATION_OPENERS[rng.randrange(len(CONTINUATION_OPENERS))]
+        elif cfg.everyday_share and rng.random() < cfg.everyday_share:  # no draw at 0: older streams unchanged
+            yield "everyday", everyday_request(rng)
         elif rng.random() < cfg.document_share:
             if passages and rng.random() < cfg.passage_share:
                 kind, text = passages[rng.randrange(len(passages))]
@@ -415,9 +423,13 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     if passages and recipe != "chat":
         raise InputError("--passages feeds the chat recipe's requests over passages; a base model (continuation "
                          "recipe) takes raw text as --corpus.")
+    if cfg.everyday_share and recipe != "chat":
+        raise InputError("--everyday-share feeds the chat recipe (chat turns); a base model's continuation recipe "
+                         "cannot use it.")
     real = passage_chunks(passages) if passages else []
-    # num_samples is not a setting: a finished run can be extended by asking for more.
-    unset = {"num_samples"} | (set() if real else {"passage_share"})
+    # num_samples is not a setting: a finished run can be extended by asking for more. Settings
+    # added later are left out at their off value, so the sets written before them still resume.
+    unset = {"num_samples"} | (set() if real else {"passage_share"}) | (set() if cfg.everyday_share else {"everyday_share"})
     settings = {"config": {k: v for k, v in asdict(cfg).items() if k not in unset}, "recipe": recipe,
                 "prompts_file": prompts_file, "corpus": corpus, "dtype": str(target.dtype).removeprefix("torch.")}
     if real:  # the passages themselves, not only their path: other files there must not resume this run
