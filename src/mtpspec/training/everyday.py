@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable
 
 from .tasks import add_typos
 
@@ -46,6 +45,9 @@ CHORES = ["water the plants", "take out the recycling", "pay the electricity bil
           "send the invoice", "charge the car"]
 COUNTRIES = ["Canada", "Japan", "Kenya", "Brazil", "Norway", "Egypt", "India", "Mexico", "Spain", "Vietnam", "Peru",
              "Turkey", "Poland", "Chile", "Ghana"]
+# Template slots drawn from a list; {money} and {n} are drawn as numbers.
+SLOTS = {"name": NAMES, "family": FAMILY, "day": DAYS, "time": TIMES, "place": PLACES, "event": EVENTS, "meal": MEALS,
+         "grocery": GROCERIES, "item": ITEMS, "store": STORES, "topic": TOPICS, "chore": CHORES, "country": COUNTRIES}
 
 
 def _pick(rng: random.Random, xs: list[str]) -> str:
@@ -57,20 +59,15 @@ def _money(rng: random.Random) -> str:
 
 
 def _fill(rng: random.Random, template: str) -> str:
-    """Replace each {slot} in template by a fresh draw (two {name}s may differ)."""
-    slots: dict[str, Callable[[], str]] = {
-        "name": lambda: _pick(rng, NAMES), "family": lambda: _pick(rng, FAMILY), "day": lambda: _pick(rng, DAYS),
-        "time": lambda: _pick(rng, TIMES), "place": lambda: _pick(rng, PLACES), "event": lambda: _pick(rng, EVENTS),
-        "meal": lambda: _pick(rng, MEALS), "grocery": lambda: _pick(rng, GROCERIES), "item": lambda: _pick(rng, ITEMS),
-        "store": lambda: _pick(rng, STORES), "topic": lambda: _pick(rng, TOPICS), "chore": lambda: _pick(rng, CHORES),
-        "money": lambda: _money(rng), "n": lambda: str(rng.randrange(2, 40)), "country": lambda: _pick(rng, COUNTRIES),
-    }
-    out, rest = [], template
-    while "{" in rest:
-        head, _, tail = rest.partition("{")
-        slot, _, rest = tail.partition("}")
-        out += [head, slots[slot]()]
-    return "".join(out) + rest
+    """Replace each {slot} in template by a fresh draw, left to right (two {name}s may differ)."""
+    def draw(m: re.Match[str]) -> str:
+        slot = m.group(1)
+        if slot == "money":
+            return _money(rng)
+        if slot == "n":
+            return str(rng.randrange(2, 40))
+        return _pick(rng, SLOTS[slot])
+    return re.sub(r"\{(\w+)\}", draw, template)
 
 
 # Things people text each other.
