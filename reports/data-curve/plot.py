@@ -1,5 +1,6 @@
 """Acceptance vs response tokens trained on, from a run of run.sh: held-out (metrics.jsonl, the
-split `mtpspec train` makes) and decoded on the built-in set (each stop's acceptance file).
+split `mtpspec train` makes) and decoded on the built-in set and the independent on-device set
+(each stop's acceptance files).
 Response tokens seen at step s are counted exactly, replaying the run's own batch order.
 
     python reports/data-curve/plot.py runs/data-curve reports/data-curve
@@ -28,25 +29,39 @@ for batch in epoch_batches(len(train), cfg, 0):
     seen.append(total)
 
 held = [json.loads(line) for line in (run / "metrics.jsonl").open() if "accept_rounds" in line]
-decoded = []
-for f in sorted(run.glob("heads/step*/acceptance-builtin.json"), key=lambda p: int(p.parent.name[4:])):
-    step = int(f.parent.name[4:])
-    row = next(r for r in json.loads(f.read_text()) if r["category"] == "all")
-    decoded.append((step, row["mean_accepted"], row["position_acceptance"][0]))
+K = len([k for k in held[0] if k.startswith("pos")]) if held else 2  # the run's unrolled draft steps
 
-lines = ["| steps | response tokens seen | held-out, real rounds (k = 6) | held-out, every row | first draft (held-out) |",
+
+def stop_step(d: Path) -> int:
+    return len(seen) - 1 if d.name == "stepend" else int(d.name[4:])  # "end": the whole epoch
+
+
+decoded = {}  # set name -> [(step, mean accepted, first-draft rate)]
+for name in ("builtin", "people"):
+    rows = []
+    for f in run.glob(f"heads/step*/acceptance-{name}.json"):
+        row = next(r for r in json.loads(f.read_text()) if r["category"] == "all")
+        rows.append((stop_step(f.parent), row["mean_accepted"], row["position_acceptance"][0]))
+    decoded[name] = sorted(rows)
+
+lines = [f"| steps | response tokens seen | held-out, real rounds (k = {K}) | held-out, every row | first draft (held-out) |",
          "|---|---|---|---|---|"]
 for r in held:
     lines.append(f"| {r['step']} | {seen[r['step']]:,} | {r['accept_rounds']:.3f} | {r['accept']:.3f} | {r['pos1']:.3f} |")
-lines += ["", "| steps | response tokens seen | built-in 24, decoded (k = 4) | first draft |", "|---|---|---|---|"]
-for step, acc, first in decoded:
-    lines.append(f"| {step} | {seen[step]:,} | {acc:.3f} | {first:.3f} |")
+people = dict((s, (a, f)) for s, a, f in decoded["people"])
+lines += ["", "| steps | response tokens seen | built-in 24 (k = 4) | first draft | on-device people 48 (k = 4) | first draft |",
+          "|---|---|---|---|---|---|"]
+for step, acc, first in decoded["builtin"]:
+    pa, pf = people.get(step, (float("nan"), float("nan")))
+    lines.append(f"| {step} | {seen[step]:,} | {acc:.3f} | {first:.3f} | {pa:.3f} | {pf:.3f} |")
 (out / "curve.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 
 fig, ax = plt.subplots(figsize=(6.4, 4.0))
-ax.plot([seen[r["step"]] / 1e6 for r in held], [r["accept_rounds"] for r in held], "o-", label="held-out, real rounds (k = 6)")
-ax.plot([seen[s] / 1e6 for s, _, _ in decoded], [a for _, a, _ in decoded], "s-", label="built-in 24, decoded (k = 4)")
+ax.plot([seen[r["step"]] / 1e6 for r in held], [r["accept_rounds"] for r in held], "o-",
+        label=f"held-out, real rounds (k = {K})")
+for name, label, mark in (("builtin", "built-in 24, decoded (k = 4)", "s-"), ("people", "on-device people 48, decoded (k = 4)", "^-")):
+    ax.plot([seen[s] / 1e6 for s, _, _ in decoded[name]], [a for _, a, _ in decoded[name]], mark, label=label)
 ax.set_xscale("log")
 ax.set_xlabel("response tokens trained on (millions, one epoch, from scratch)")
 ax.set_ylabel("tokens per target forward")
