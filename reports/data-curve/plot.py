@@ -48,7 +48,7 @@ lines = [f"| steps | response tokens seen | held-out, real rounds (k = {K}) | he
          "|---|---|---|---|---|"]
 for r in held:
     lines.append(f"| {r['step']} | {seen[r['step']]:,} | {r['accept_rounds']:.3f} | {r['accept']:.3f} | {r['pos1']:.3f} |")
-people = dict((s, (a, f)) for s, a, f in decoded["people"])
+people = {s: (a, f) for s, a, f in decoded["people"]}
 lines += ["", "| steps | response tokens seen | built-in 24 (k = 4) | first draft | on-device people 48 (k = 4) | first draft |",
           "|---|---|---|---|---|---|"]
 for step, acc, first in decoded["builtin"]:
