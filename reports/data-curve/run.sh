@@ -12,7 +12,7 @@ T=${1:-1}; shift || true
 STOPS=${*:-50 100 200 400 end}
 D=datasets/smollm2-135m-instruct
 R=${R:-runs/data-curve}  # give each EXTRA (more `mtpspec train` flags, e.g. --feature-weight 0) a run of its own
-SETS="v3-seed0 v3-seed1 v3-seed2 v4-docs-seed0 v4-docs-seed1 v5-seed3 v5-seed4 v5-seed5 v5-seed6-fp32 v6-seed7-fp32 v6-seed8-fp32 v7-everyday-seed9-fp32"
+SETS=${SETS:-"v3-seed0 v3-seed1 v3-seed2 v4-docs-seed0 v4-docs-seed1 v5-seed3 v5-seed4 v5-seed5 v5-seed6-fp32 v6-seed7-fp32 v6-seed8-fp32 v7-everyday-seed9-fp32"}  # SETS="..." to train on others
 if [ ! -d $R/data ]; then  # a frozen copy of the first FRACTION of every kept set's shards
   python reports/data-curve/freeze.py ${FRACTION:-0.35} $R/data $(for s in $SETS; do echo $D/$s; done)
 fi
