@@ -170,6 +170,15 @@ def test_data_then_train_then_generate(model_dir, tmp_path):
     r = runner.invoke(app, ["generate", "--target", str(d), "--head", str(run / "head"), "--prompt", "w7", "-n", "6",
                             "-k", "2", "--json"])
     assert r.exit_code == 0, r.output
+    # DIR:1, the set's first shard, in the same run directory: its cache serves it as it is
+    first = len(load_samples(tmp_path / "data", shards=1))
+    stamp = (run / "activations" / "activations.json").stat().st_mtime_ns
+    r = runner.invoke(app, ["train", "--target", str(d), "--data", f"{tmp_path / 'data'}:1", "--out", str(run),
+                            "--max-draft-tokens", "2", "--hidden-layers", "-2,-1", "--epochs", "1", "--batch-size", "2",
+                            "--holdout", "0", "--no-bf16", "--cache-dtype", "fp32", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    assert 0 < first < 6 and json.loads(r.stdout.strip().splitlines()[-1])["total_steps"] == first // 2
+    assert (run / "activations" / "activations.json").stat().st_mtime_ns == stamp
 
 
 def test_data_dtype_auto_extends_a_set_in_its_own_dtype(model_dir, tmp_path):
@@ -297,6 +306,7 @@ BAD = [
     ("train --data {tmp}/missing --out {tmp}/r1", "is not an mtpspec data directory"),
     ("train --data {tmp}/no_data --out {tmp}/r2", "is not an mtpspec data directory"),
     ("train --data {tmp}/bad_data --out {tmp}/r3", "manifest.json is not valid JSON"),
+    ("train --data {tmp}/data:2 --out {tmp}/r8", ":N` takes N from 1 to 1, not 2"),
     ("train --data {tmp}/data --out {tmp}/r6 --init-head {tmp}/bad_head", "bad_head is not a readable mtpspec head"),
     ("train --data {tmp}/data --out {tmp}/r7 --init-head {tmp}/no_head", "not a saved mtpspec head"),
     ("train --data {tmp}/no_data --out {tmp}/r4 --hidden-layers -1,x", "--hidden-layers must be comma-separated ints"),
@@ -338,7 +348,7 @@ def test_bad_input_is_one_error_line_and_exit_2(bad_inputs, command, message):
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], r.stderr
     assert "Traceback" not in r.output
-    for o in ("o1", "o2", "o3", "o4", "o5", "o6", "r1", "r2", "r3", "r6", "r7"):  # refused before writing anything
+    for o in ("o1", "o2", "o3", "o4", "o5", "o6", "r1", "r2", "r3", "r6", "r7", "r8"):  # refused before writing anything
         assert not (bad_inputs["tmp"] / o).exists()
 
 

@@ -404,6 +404,49 @@ def test_activation_cache_extends_when_the_data_grows(tiny_run, tmp_path):
     assert all(torch.equal(x.top_ids, y.top_ids) and torch.equal(x.hidden, y.hidden) for x, y in zip(grown, load_cache(fresh)))
 
 
+def test_the_first_shards_of_a_grown_set_train_on_its_cache(tiny_run, tmp_path):
+    """`DIR:N` names a set's first N shards: a cache of the whole, grown set serves them without
+    running the target, and holds the very samples (so the same train/held-out split) that a
+    cache of those N shards alone would."""
+    import shutil
+
+    from mtpspec.training.shards import DataRef, load_samples, read_manifest, save_manifest, shard_path, write_shard
+    from mtpspec.training.train import split
+
+    model, root = tiny_run
+    data = tmp_path / "data"
+    shutil.copytree(root / "data", data)
+    m = read_manifest(data)
+    write_shard(shard_path(data, 1), [(list(range(4, 40)), 5), (list(range(40, 90)), 7)])
+    save_manifest(data, {**m, "num_shards": 2, "num_samples": m["num_samples"] + 2})
+    whole, first = tmp_path / "whole", tmp_path / "first"
+    build_cache(Target(model), data, whole, (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
+    stamps = {p.name: p.stat().st_mtime_ns for p in whole.glob("act_*")}
+    build_cache(Target(model), DataRef.parse(f"{data}:1"), whole, (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in whole.glob("act_*")} == stamps  # nothing recomputed
+    n = len(load_samples(data, shards=1))
+    assert n == m["num_samples"] == len(load_cache(whole)) - 2
+    build_cache(Target(model), DataRef(data, 1), first, (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
+    view, alone = load_cache(whole, limit=n), load_cache(first)
+    assert len(view) == len(alone) == n  # the view cuts the cache's last shard (10 + 10 + 6 samples) at 24
+    assert all(torch.equal(x.ids, y.ids) and torch.equal(x.hidden, y.hidden) for x, y in zip(view, alone))
+    cfg = TrainConfig(holdout=0.25, **FAST)
+    assert [s.ids.tolist() for s in split(view, cfg)[1]] == [s.ids.tolist() for s in split(alone, cfg)[1]]
+    with pytest.raises(DataError, match="holds 24 samples' activations, not the 25"):
+        load_cache(first, limit=25)
+
+
+def test_a_data_reference_names_a_directory_or_its_first_shards(tmp_path):
+    from mtpspec.training.shards import DataRef
+
+    assert DataRef.parse("sets/a:3") == DataRef(Path("sets/a"), 3)
+    assert DataRef.parse("sets/a") == DataRef(Path("sets/a")) and str(DataRef.parse("sets/a:3")) == "sets/a:3"
+    odd = tmp_path / "b:2"  # a directory whose own name ends in :digits is taken whole
+    odd.mkdir()
+    assert DataRef.parse(str(odd)) == DataRef(odd)
+    assert DataRef.parse("c:x") == DataRef(Path("c:x"))
+
+
 def test_continuing_a_saved_head_starts_from_its_weights_and_vocabulary(tiny_run, tmp_path):
     from mtpspec.training.train import split
 

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from ..core.target import Target
 from ..errors import DataError
-from .shards import load_samples, read_manifest
+from .shards import DataRef, read_manifest
 
 MANIFEST = "activations.json"
 
@@ -44,16 +44,20 @@ class Sample:
     top_ids: torch.Tensor  # (T, k)
 
 
-def build_cache(target: Target, data_dir: str | Path, cache_dir: str | Path, hidden_layers: tuple[int, ...],
+def build_cache(target: Target, data: str | Path | DataRef, cache_dir: str | Path, hidden_layers: tuple[int, ...],
                 kv_layer: int, teacher_topk: int = 32, max_len: int = 768, per_shard: int = 64,
                 progress: bool = True) -> dict[str, Any]:
-    samples = load_samples(data_dir)
+    """Cache the target's activations on `data` (a data directory or its first N shards) in
+    cache_dir. Resumable, and a cache only grows: once the set has grown, only its new samples are
+    computed, and a cache that already covers a prefix of the set is used as it is."""
+    ref = DataRef.parse(data)
+    samples = ref.samples()
     out = Path(cache_dir)
     out.mkdir(parents=True, exist_ok=True)
     kv = target.layer_index(kv_layer)
     settings = {
         "target": asdict(target.identity()),
-        "data": read_manifest(data_dir)["settings"],
+        "data": read_manifest(ref.path)["settings"],
         "hidden_layers": list(hidden_layers),
         "kv_layer": kv,
         "teacher_topk": teacher_topk,
@@ -68,6 +72,8 @@ def build_cache(target: Target, data_dir: str | Path, cache_dir: str | Path, hid
         old = _read_manifest(out)
         if old["settings"] != settings:
             raise DataError(f"{out} holds activations for other settings; delete it or use another --out.")
+        if _covered(old) >= len(samples):
+            return old  # samples come in the same order: the first len(samples) are cached already
         # The data set may have grown since (more shards from `mtpspec data`): its samples come in
         # the same order, so every full shard stays valid and only the rest is computed.
         done = min(old["num_shards"], old.get("num_samples", 0) // per_shard, len(samples) // per_shard)
@@ -98,6 +104,14 @@ def build_cache(target: Target, data_dir: str | Path, cache_dir: str | Path, hid
         bar.update(1)
     bar.close()
     return json.loads(mpath.read_text())
+
+
+def _covered(m: dict[str, Any]) -> int:
+    """How many of the set's first samples a cache manifest holds: every shard but the last of
+    a finished cache is full."""
+    if m["num_shards"] >= m["total_shards"]:
+        return m["num_samples"]
+    return m["num_shards"] * m["settings"]["per_shard"]
 
 
 def _read_manifest(d: Path) -> dict[str, Any]:
@@ -159,23 +173,27 @@ class Samples(Sequence[Sample]):
             yield shard.get(j, "ids").long(), int(shard.get(j, "prompt_len")[0])
 
 
-def load_cache(cache_dir: str | Path) -> Samples:
-    """The samples of a finished activations directory, as a lazily read view."""
+def load_cache(cache_dir: str | Path, limit: int | None = None) -> Samples:
+    """The samples of a finished activations directory (its first `limit` samples, if given: the
+    cache of a set that has grown since), as a lazily read view."""
     d = Path(cache_dir)
     if not (d / MANIFEST).is_file():
         raise DataError(f"{d} holds no cached activations ({MANIFEST} missing).")
     m = _read_manifest(d)
-    if m["num_shards"] < m["total_shards"]:
+    if limit is None and m["num_shards"] < m["total_shards"]:
         raise DataError(f"{d} is incomplete ({m['num_shards']}/{m['total_shards']} shards); rerun to finish it.")
+    if limit is not None and _covered(m) < limit:
+        raise DataError(f"{d} holds {_covered(m)} samples' activations, not the {limit} asked for; rerun to cache them.")
+    shards = m["num_shards"] if limit is None else min(m["num_shards"], -(-limit // m["settings"]["per_shard"]))
     refs = []
-    for s in range(m["num_shards"]):
+    for s in range(shards):
         path = d / f"act_{s:05d}.safetensors"
         try:
             shard = Shard(path)
         except (OSError, SafetensorError) as e:
             raise DataError(f"{path} is missing or unreadable ({e}); delete {d} and run again to rebuild it.") from None
         refs += [(shard, i) for i in range(shard.size)]
-    return Samples(refs)
+    return Samples(refs if limit is None else refs[:limit])
 
 
 def token_frequencies(samples: Samples, vocab_size: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import lzma
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,11 +87,52 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
     return m
 
 
-def load_samples(data_dir: str | Path) -> list[tuple[torch.Tensor, int]]:
-    """All (token ids (T,), prompt length) pairs of a data directory, in shard order."""
+def load_samples(data_dir: str | Path, shards: int | None = None) -> list[tuple[torch.Tensor, int]]:
+    """All (token ids (T,), prompt length) pairs of a data directory, in shard order; of its
+    first `shards` shards only, if given."""
     d = Path(data_dir)
-    m = read_manifest(d)
-    out = [s for i in range(m["num_shards"]) for s in read_shard(shard_path(d, i))]
+    n = DataRef(d, shards).num_shards()
+    out = [s for i in range(n) for s in read_shard(shard_path(d, i))]
     if not out:
         raise DataError(f"{d} holds no samples yet.")
     return out
+
+
+@dataclass(frozen=True)
+class DataRef:
+    """A data directory, or only its first `shards` shards (`DIR:N` on the command line).
+
+    Kept sets grow across sessions while a recipe names the data a head was trained on: a set's
+    shards are written once, in order, so its first N shards are the same samples forever.
+    """
+
+    path: Path
+    shards: int | None = None
+
+    @classmethod
+    def parse(cls, text: str | Path | DataRef) -> DataRef:
+        """`DIR` or `DIR:N` (N >= 1); a directory whose own name ends in `:digits` is taken whole."""
+        if isinstance(text, DataRef):
+            return text
+        s = str(text)
+        head, sep, tail = s.rpartition(":")
+        if sep and head and tail.isdigit() and not Path(s).exists():
+            return cls(Path(head), int(tail))
+        return cls(Path(s))
+
+    def num_shards(self) -> int:
+        """The shards this reference covers; a DataError if it asks for more than the set has."""
+        m = read_manifest(self.path)
+        if self.shards is None:
+            return m["num_shards"]
+        if not 1 <= self.shards <= m["num_shards"]:
+            n = m["num_shards"]
+            raise DataError(f"{self.path} has {n} shard{'s' * (n != 1)}; `{self.path}:N` takes N from 1 to {n}, "
+                            f"not {self.shards}.")
+        return self.shards
+
+    def samples(self) -> list[tuple[torch.Tensor, int]]:
+        return load_samples(self.path, self.shards)
+
+    def __str__(self) -> str:
+        return str(self.path) if self.shards is None else f"{self.path}:{self.shards}"

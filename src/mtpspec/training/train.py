@@ -41,7 +41,7 @@ from ..errors import DataError, InputError
 from ..models import load_target
 from ..pretrained import load_head, load_head_config
 from .activations import Sample, Samples, build_cache, load_cache, token_frequencies
-from .shards import read_manifest
+from .shards import DataRef
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -442,15 +442,15 @@ def _leave_process_group() -> None:
         dist.destroy_process_group()
 
 
-def train(target: Target, cache_dir: str | Path | list[str | Path], out_dir: str | Path, cfg: TrainConfig,
+def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Samples], out_dir: str | Path, cfg: TrainConfig,
           head_config: HeadConfig | None = None, resume: bool = False, max_steps: int | None = None,
           progress: bool = True, init_head: str | Path | None = None) -> dict[str, Any]:
     """Train an MTP head or a draft model (`cfg.kind`); writes checkpoints, metrics.jsonl and the
     result (out_dir/head or out_dir/draft_model) into out_dir.
 
     cache_dir: one activations directory or several (one per data set; each is split into
-    train/held-out on its own). `max_steps` stops early (as a kill would) - for tests and
-    time-boxed runs. `init_head`: a saved head to continue from (its config and draft
+    train/held-out on its own), or `load_cache` views of them. `max_steps` stops early (as a
+    kill would) - for tests and time-boxed runs. `init_head`: a saved head to continue from (its config and draft
     vocabulary are kept; `head_config` is then ignored), e.g. to go on training on more data.
     A fresh head is trained for `cfg.max_draft_tokens`, whatever `head_config` says.
     """
@@ -463,7 +463,7 @@ def train(target: Target, cache_dir: str | Path | list[str | Path], out_dir: str
 
     train_set, held = Samples([]), Samples([])  # views of the shards on disk: read a batch at a time
     for d in cache_dir if isinstance(cache_dir, list) else [cache_dir]:
-        tr, he = split(load_cache(d), cfg)
+        tr, he = split(d if isinstance(d, Samples) else load_cache(d), cfg)
         train_set, held = train_set + tr, held + he
     hc = replace(head_config or HeadConfig(), max_draft_tokens=cfg.max_draft_tokens)
     torch.manual_seed(cfg.seed)
@@ -582,11 +582,13 @@ def _save_final(module: nn.Module, out: Path) -> None:
         module.save_pretrained(out / DRAFT_MODEL_DIR)  # type: ignore[operator]
 
 
-def train_on_data(data_dirs: list[str | Path] | list[Path], out_dir: str | Path, cfg: TrainConfig,
+def train_on_data(data_dirs: Sequence[str | Path | DataRef], out_dir: str | Path, cfg: TrainConfig,
                   head_config: HeadConfig | None = None, target_name: str | None = None, teacher_topk: int = 32,
                   cache_dtype: str = "auto", resume: bool = False, max_steps: int | None = None,
                   init_head: str | Path | None = None, progress: bool = True) -> dict[str, Any] | None:
     """`mtpspec train` end to end: cache the target's activations on each data set, then `train`.
+
+    data_dirs: data directories, or `DataRef`s / `DIR:N` strings for the first N shards of one.
 
     1. Check every data directory before loading any model, so a typo fails in a second.
     2. Rank 0 alone runs the target (in `cache_dtype`) once over each data set into
@@ -598,8 +600,8 @@ def train_on_data(data_dirs: list[str | Path] | list[Path], out_dir: str | Path,
     """
     if not data_dirs:
         raise InputError("Give at least one data directory (written by `mtpspec data`).")
-    for d in data_dirs:
-        read_manifest(d)
+    refs = [DataRef.parse(d) for d in data_dirs]
+    sizes = [len(r.samples()) for r in refs]  # reads the token shards: a bad path or N fails here, in seconds
     out = Path(out_dir)
     # continuing a saved head: its architecture decides what the activation cache holds
     hc = load_head_config(init_head) if init_head is not None else (head_config or HeadConfig())
@@ -607,12 +609,13 @@ def train_on_data(data_dirs: list[str | Path] | list[Path], out_dir: str | Path,
     cache_dirs: list[str | Path] = [out / ("activations" if i == 0 else f"activations-{i}") for i in range(len(data_dirs))]
     if rank == 0:
         cache_target = Target(load_target(target_name, cache_dtype).model)
-        for data_dir, cache_dir in zip(data_dirs, cache_dirs):
-            build_cache(cache_target, data_dir, cache_dir, hc.hidden_layers, hc.kv_layer, teacher_topk, progress=progress)
+        for ref, cache_dir in zip(refs, cache_dirs):
+            build_cache(cache_target, ref, cache_dir, hc.hidden_layers, hc.kv_layer, teacher_topk, progress=progress)
         del cache_target
     if world > 1:
         dist.barrier()
     target = Target(load_target(target_name, "fp32").model)
-    result = train(target, cache_dirs, out, cfg, hc, resume=resume, max_steps=max_steps, progress=progress,
+    caches: list[str | Path | Samples] = [load_cache(d, n) for d, n in zip(cache_dirs, sizes)]
+    result = train(target, caches, out, cfg, hc, resume=resume, max_steps=max_steps, progress=progress,
                    init_head=init_head)
     return result if rank == 0 else None
