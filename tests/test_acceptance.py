@@ -71,3 +71,55 @@ def test_acceptance_over_a_data_set_decodes_the_prompts_its_target_saw(tmp_path,
     stored = [ids[:n].tolist() for ids, n in load_samples(data)]
     assert [x.tolist() for x in seen] == [stored[0], stored[2], stored[4]]
     assert "| short | 3 |" in r.stdout
+
+
+def test_acceptance_of_trees_counts_per_round_and_a_width_one_tree_is_the_chain():
+    """`measure_acceptance(tree=...)`: every run drafts from a fresh TreeDrafter; a tree of width
+    and beam 1 is the head's greedy chain, so its rows equal the chain's row for row; any tree
+    emits the same greedy text as the chain (the same new tokens)."""
+    import torch
+
+    from conftest import tiny_model
+
+    from mtpspec.core.drafters import TreeConfig
+    from mtpspec.core.target import Target
+    from mtpspec.measure.acceptance import measure_acceptance
+    from mtpspec.prompts import Prompt
+
+    model = tiny_model("llama")
+    t = Target(model)
+    head = MTPHead.for_target(t)
+    prompts = [Prompt(f"p{i}", "qa" if i % 2 else "code", "") for i in range(3)]
+    gen = torch.Generator().manual_seed(1)
+    inputs = [torch.randint(4, 97, (1, 6 + 3 * i), generator=gen) for i in range(3)]
+
+    def run(tree):
+        rows = measure_acceptance(t, head, prompts, inputs, [3], [0.0], max_new_tokens=12, progress=False, tree=tree)
+        return {r.category: r for r in rows}
+
+    chain, narrow, wide = run(None), run(TreeConfig(width=1, beam=1, max_depth=None)), run(TreeConfig(width=3, beam=2))
+    assert set(chain) == {"qa", "code", "all"} and {r.drafter for r in narrow.values()} == {"tree"}
+    for c in chain:
+        a, b = chain[c].stats, narrow[c].stats
+        assert (a.rounds, a.accept_hist, a.pos_checked, a.pos_passed) == (b.rounds, b.accept_hist, b.pos_checked, b.pos_passed)
+        assert wide[c].stats.new_tokens == a.new_tokens and wide[c].to_dict()["drafter"] == "tree"
+    # a depth counts once per round however many nodes it holds: at most max_depth positions
+    assert len(wide["all"].stats.position_acceptance) <= 3
+
+
+def test_acceptance_tree_cli_writes_tree_rows_that_costs_refuses(tmp_path):
+    model, _ = save_tiny_model_dir(tmp_path / "m")
+    MTPHead.for_target(model).save_pretrained(tmp_path / "head")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": 0, "category": "qa", "turns": ["w7 w9 w10"]}) + "\n")
+    base = ["acceptance", "--target", str(tmp_path / "m"), "--head", str(tmp_path / "head"), "--prompts", str(prompts),
+            "-n", "6", "--threads", "1", "--tree"]
+    r = CliRunner().invoke(app, base + ["--tree-shape", "fixed", "--out", str(tmp_path / "acc.json")])
+    assert r.exit_code == 0, r.output
+    rows = json.loads((tmp_path / "acc.json").read_text())
+    assert {(x["k"], x["drafter"], x["category"]) for x in rows} == {(8, "tree", "qa"), (8, "tree", "all")}
+    assert "a tree of at most N nodes per round" in r.stdout and "| N=8 |" in r.stdout
+    r = CliRunner().invoke(app, ["costs", "--target", str(tmp_path / "m"), "--acceptance", str(tmp_path / "acc.json")])
+    assert r.exit_code == 2 and "tree rows only" in r.output
+    r = CliRunner().invoke(app, base + ["--tree-shape", "round"])
+    assert r.exit_code == 2 and "--tree-shape must be one of cost, fixed" in r.output

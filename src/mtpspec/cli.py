@@ -455,8 +455,14 @@ def acceptance(
     limit: int = LIMIT,
     target: str = TARGET,
     head: Path = HEAD,
-    num_draft_tokens: str = typer.Option("1,2,3,4,5,6", "--num-draft-tokens", "-k",
-                                         help="Comma-separated drafts per round (k) to measure."),
+    num_draft_tokens: str = typer.Option(None, "--num-draft-tokens", "-k",
+                                         help="Comma-separated drafts per round (k) to measure [default 1,2,3,4,5,6]; "
+                                         "with --tree, most nodes per round [default 8]."),
+    tree: bool = typer.Option(False, "--tree", help="Draft a tree from the head, as `generate --tree` and `bench "
+                              "--methods mtp-tree` do, and count its tokens per forward."),
+    tree_shape: str = typer.Option("cost", "--tree-shape", help="With --tree: cost (shaped each round by the round's "
+                                   "costs and the head's confidence, as `generate --tree`) or fixed (the N best "
+                                   "nodes, 6 deep at most)."),
     temperatures: str = typer.Option("0", "--temperatures", help="Comma-separated temperatures (0 = greedy)."),
     top_p: float = typer.Option(1.0, "--top-p"),
     max_new_tokens: int = MAX_NEW_TOKENS,
@@ -466,12 +472,16 @@ def acceptance(
     threads: int = THREADS,
 ) -> None:
     """Measure the head's acceptance per category, k and temperature (no timing)."""
+    from .core.drafters import TREE_NODES, tree_config
     from .measure.acceptance import markdown, measure_acceptance
     from .models import chat_ids
     from .pretrained import resolve_head
     from .prompts import data_prompts, load_prompts
 
+    if num_draft_tokens is None:
+        num_draft_tokens = str(TREE_NODES) if tree else "1,2,3,4,5,6"
     k_list = parse_list(num_draft_tokens, int, "--num-draft-tokens", minimum=1)
+    tree_config(tree_shape, "torch")  # a bad --tree-shape fails before any model loads
     t_list = parse_list(temperatures, float, "--temperatures", minimum=0.0)
     set_threads(threads)
     from_data = prompts is not None and prompts.is_dir()
@@ -486,7 +496,8 @@ def acceptance(
         plist, inputs = data_prompts(prompts, loaded.tokenizer, dataclasses.asdict(tgt.identity()), limit)
     else:
         inputs = [chat_ids(loaded.tokenizer, p.text) for p in plist]
-    rows = measure_acceptance(tgt, mtp, plist, inputs, k_list, t_list, max_new_tokens, top_p, seed)
+    rows = measure_acceptance(tgt, mtp, plist, inputs, k_list, t_list, max_new_tokens, top_p, seed,
+                              tree=tree_config(tree_shape, tgt.engine) if tree else None)
     typer.echo(markdown(rows))
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -135,6 +135,21 @@ def tree_shape(engine: str, max_depth: int | None = TREE_SHAPE.max_depth) -> Tre
     return TreeConfig(max_depth=max_depth, costs=FUSED_COSTS if engine == "fused" else TREE_SHAPE.costs)
 
 
+TREE_SHAPES = ("cost", "fixed")
+
+
+def tree_config(shape: str, engine: str, max_depth: int | None = TREE_SHAPE.max_depth,
+                floor: float = FIXED_TREE.min_branch_prob) -> TreeConfig:
+    """The tree a `--tree-shape` names: "cost" (`tree_shape`: each round shaped by the costs of
+    `engine` and the head's confidence) or "fixed" (the N best nodes; a node off the head's
+    greedy spine only if its cumulative draft probability reaches `floor`)."""
+    if shape not in TREE_SHAPES:
+        raise InputError(f"--tree-shape must be one of {', '.join(TREE_SHAPES)}, got {shape!r}.")
+    if shape == "cost":
+        return tree_shape(engine, max_depth)
+    return TreeConfig(max_depth=max_depth, min_branch_prob=floor)
+
+
 @dataclass
 class _Node:
     token: int

@@ -42,7 +42,7 @@ from ..core.drafters import (
     SwitchDrafter,
     TreeConfig,
     TreeDrafter,
-    tree_shape,
+    tree_config,
 )
 from ..core.stats import DecodeStats
 from ..core.target import Target
@@ -107,15 +107,11 @@ class BenchConfig:
         if self.tree_nodes < 1 or self.hybrid_lookup < 0:  # a lookup branch longer than the tree is cut to it
             raise InputError(f"--tree-nodes must be >= 1 and --hybrid-lookup >= 0, got {self.tree_nodes} and "
                              f"{self.hybrid_lookup}.")
-        if self.tree_shape not in ("cost", "fixed"):
-            raise InputError(f"--tree-shape must be 'cost' or 'fixed', got {self.tree_shape!r}.")
-        self.tree_config("torch")  # TreeConfig refuses a bad depth or floor with its own message
+        self.tree_config("torch")  # refuses a bad shape, depth or floor with its own message
 
     def tree_config(self, engine: str) -> TreeConfig:
         """The trees of mtp-tree and hybrid for a target running `engine` (`Target.engine`)."""
-        if self.tree_shape == "cost":
-            return tree_shape(engine, self.tree_depth)
-        return TreeConfig(max_depth=self.tree_depth, min_branch_prob=self.tree_floor)
+        return tree_config(self.tree_shape, engine, self.tree_depth, self.tree_floor)
 
     @property
     def needs_head(self) -> bool:

@@ -134,8 +134,14 @@ def pick_k(costs: Costs, position_acceptance: list[float]) -> int:
 
 def position_rates(acceptance_rows: list[dict]) -> list[float]:
     """Greedy conditional acceptance per draft position, from `mtpspec acceptance --out` rows:
-    the all-categories row with the largest k."""
+    the all-categories row with the largest k. Tree rows (`acceptance --tree`) count per depth, not
+    per chain position, and are not used."""
     rows = [r for r in acceptance_rows if r.get("category") == "all" and float(r.get("temperature", 0)) == 0.0]
+    chains = [r for r in rows if r.get("drafter", "chain") == "chain"]
+    if rows and not chains:
+        raise InputError("The acceptance file holds tree rows only (`mtpspec acceptance --tree`); the costs pick a "
+                         "chain's k: write the file without --tree.")
+    rows = chains
     if not rows:
         raise InputError("The acceptance file has no greedy all-categories row; write it with "
                          "`mtpspec acceptance --temperatures 0 --out FILE`.")
