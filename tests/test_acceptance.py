@@ -78,7 +78,6 @@ def test_acceptance_of_trees_counts_per_round_and_a_width_one_tree_is_the_chain(
     and beam 1 is the head's greedy chain, so its rows equal the chain's row for row; any tree
     emits the same greedy text as the chain (the same new tokens)."""
     import torch
-
     from conftest import tiny_model
 
     from mtpspec.core.drafters import TreeConfig

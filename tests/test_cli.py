@@ -329,6 +329,7 @@ BAD = [
     ("acceptance --prompts {tmp}/no_data", "is not an mtpspec data directory"),
     ("acceptance --head {tmp}/bad_head", "bad_head is not a readable mtpspec head"),
     ("acceptance -k 1,0", "--num-draft-tokens values must be >= 1"),
+    ("acceptance --tree -k 8,16", "--num-draft-tokens values must be <= 15"),
     ("acceptance --temperatures 0,hot", "--temperatures must be comma-separated floats"),
     # shared flags
     ("generate --prompt w7 --target /no/such/model", "not found"),

@@ -51,8 +51,8 @@ def user_errors(fn: F) -> F:
 
 
 # -- the three things every command parses alike ------------------------------------------------
-def parse_list(text: str, kind: type[N], flag: str, minimum: N | None = None) -> list[N]:
-    """'1,2, 3' -> [1, 2, 3]: a comma-separated flag value, each item a `kind` >= `minimum`."""
+def parse_list(text: str, kind: type[N], flag: str, minimum: N | None = None, maximum: N | None = None) -> list[N]:
+    """'1,2, 3' -> [1, 2, 3]: a comma-separated flag value, each item a `kind` in [minimum, maximum]."""
     try:
         values = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -61,6 +61,8 @@ def parse_list(text: str, kind: type[N], flag: str, minimum: N | None = None) ->
         raise InputError(f"{flag} needs at least one value, got {text!r}.")
     if minimum is not None and min(values) < minimum:
         raise InputError(f"{flag} values must be >= {minimum}, got {text!r}.")
+    if maximum is not None and max(values) > maximum:
+        raise InputError(f"{flag} values must be <= {maximum}, got {text!r}.")
     return values
 
 
@@ -473,6 +475,7 @@ def acceptance(
 ) -> None:
     """Measure the head's acceptance per category, k and temperature (no timing)."""
     from .core.drafters import TREE_NODES, tree_config
+    from .core.kernels import R_MAX
     from .measure.acceptance import markdown, measure_acceptance
     from .models import chat_ids
     from .pretrained import resolve_head
@@ -480,7 +483,8 @@ def acceptance(
 
     if num_draft_tokens is None:
         num_draft_tokens = str(TREE_NODES) if tree else "1,2,3,4,5,6"
-    k_list = parse_list(num_draft_tokens, int, "--num-draft-tokens", minimum=1)
+    # a verify pass holds at most R_MAX rows: the last committed token and the drafts
+    k_list = parse_list(num_draft_tokens, int, "--num-draft-tokens", minimum=1, maximum=R_MAX - 1)
     tree_config(tree_shape, "torch")  # a bad --tree-shape fails before any model loads
     t_list = parse_list(temperatures, float, "--temperatures", minimum=0.0)
     set_threads(threads)

@@ -90,7 +90,8 @@ def markdown(rows: Sequence[AcceptanceRow]) -> str:
             out.append(f"| {c} | {n} | " + " | ".join(cells) + " |")
         kmax = max(ks)
         if (kmax, t, ALL) in by:
-            rates = by[(kmax, t, ALL)].stats.position_acceptance
+            st = by[(kmax, t, ALL)].stats
+            cells = [f"{r:.2f}" if c else "-" for r, c in zip(st.position_acceptance, st.pos_checked)]  # "-": never reached
             out.append(f"\nPer-{pos} acceptance at {col}={kmax} (conditional on the earlier drafts passing): "
-                       + ", ".join(f"{i + 1}: {r:.2f}" for i, r in enumerate(rates)))
+                       + ", ".join(f"{i + 1}: {x}" for i, x in enumerate(cells)))
     return "\n".join(out) + "\n"
