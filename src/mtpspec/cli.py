@@ -465,6 +465,8 @@ def acceptance(
     tree_shape: str = typer.Option("cost", "--tree-shape", help="With --tree: cost (shaped each round by the round's "
                                    "costs and the head's confidence, as `generate --tree`) or fixed (the N best "
                                    "nodes, 6 deep at most)."),
+    tree_floor: float = typer.Option(0.1, "--tree-floor", help="--tree-shape fixed: least cumulative draft probability "
+                                     "of a node off the head's greedy spine (0 = the N best nodes, whatever they are)."),
     temperatures: str = typer.Option("0", "--temperatures", help="Comma-separated temperatures (0 = greedy)."),
     top_p: float = typer.Option(1.0, "--top-p"),
     max_new_tokens: int = MAX_NEW_TOKENS,
@@ -485,7 +487,7 @@ def acceptance(
         num_draft_tokens = str(TREE_NODES) if tree else "1,2,3,4,5,6"
     # a verify pass holds at most R_MAX rows: the last committed token and the drafts
     k_list = parse_list(num_draft_tokens, int, "--num-draft-tokens", minimum=1, maximum=R_MAX - 1)
-    tree_config(tree_shape, "torch")  # a bad --tree-shape fails before any model loads
+    tree_config(tree_shape, "torch", floor=tree_floor)  # a bad --tree-shape or floor fails before any model loads
     t_list = parse_list(temperatures, float, "--temperatures", minimum=0.0)
     set_threads(threads)
     from_data = prompts is not None and prompts.is_dir()
@@ -501,7 +503,7 @@ def acceptance(
     else:
         inputs = [chat_ids(loaded.tokenizer, p.text) for p in plist]
     rows = measure_acceptance(tgt, mtp, plist, inputs, k_list, t_list, max_new_tokens, top_p, seed,
-                              tree=tree_config(tree_shape, tgt.engine) if tree else None)
+                              tree=tree_config(tree_shape, tgt.engine, floor=tree_floor) if tree else None)
     typer.echo(markdown(rows))
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -91,7 +91,8 @@ def markdown(rows: Sequence[AcceptanceRow]) -> str:
         kmax = max(ks)
         if (kmax, t, ALL) in by:
             st = by[(kmax, t, ALL)].stats
-            cells = [f"{r:.2f}" if c else "-" for r, c in zip(st.position_acceptance, st.pos_checked)]  # "-": never reached
+            reached = max((i + 1 for i, c in enumerate(st.pos_checked) if c), default=0)  # a tree stops at its depth
+            cells = [f"{r:.2f}" if c else "-" for r, c in zip(st.position_acceptance[:reached], st.pos_checked)]
             out.append(f"\nPer-{pos} acceptance at {col}={kmax} (conditional on the earlier drafts passing): "
                        + ", ".join(f"{i + 1}: {x}" for i, x in enumerate(cells)))
     return "\n".join(out) + "\n"
