@@ -118,6 +118,9 @@ def test_acceptance_tree_cli_writes_tree_rows_that_costs_refuses(tmp_path):
     rows = json.loads((tmp_path / "acc.json").read_text())
     assert {(x["k"], x["drafter"], x["category"]) for x in rows} == {(8, "tree", "qa"), (8, "tree", "all")}
     assert "a tree of at most N nodes per round" in r.stdout and "| N=8 |" in r.stdout
+    for x in rows:  # a depth no round reached is told apart from one that never passed
+        assert len(x["position_checked"]) == len(x["position_acceptance"]) and x["position_checked"][0] > 0
+        assert all(a == 0.0 for a, c in zip(x["position_acceptance"], x["position_checked"]) if c == 0)
     r = CliRunner().invoke(app, ["costs", "--target", str(tmp_path / "m"), "--acceptance", str(tmp_path / "acc.json")])
     assert r.exit_code == 2 and "tree rows only" in r.output
     r = CliRunner().invoke(app, base + ["--tree-shape", "round"])

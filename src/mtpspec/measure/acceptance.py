@@ -43,7 +43,8 @@ class AcceptanceRow:
         return {"k": self.k, "drafter": self.drafter, "temperature": self.temperature, "category": self.category,
                 "prompts": self.prompts,
                 "new_tokens": s.new_tokens, "mean_accepted": round(s.mean_accepted, 3),
-                "position_acceptance": [round(r, 3) for r in s.position_acceptance]}
+                "position_acceptance": [round(r, 3) for r in s.position_acceptance],
+                "position_checked": s.pos_checked}  # rounds that reached each position (a tree: depth); 0 = never
 
 
 def measure_acceptance(target: Target, head: Any, prompts: Sequence[Prompt], inputs: Sequence[torch.Tensor],
