@@ -331,6 +331,7 @@ BAD = [
     ("acceptance -k 1,0", "--num-draft-tokens values must be >= 1"),
     ("acceptance --tree -k 8,16", "--num-draft-tokens values must be <= 15"),
     ("acceptance --tree --tree-shape fixed --tree-floor 2", "min_branch_prob must be in [0, 1]"),
+    ("acceptance --tree-shape fixed", "add --tree"),
     ("acceptance --temperatures 0,hot", "--temperatures must be comma-separated floats"),
     # shared flags
     ("generate --prompt w7 --target /no/such/model", "not found"),

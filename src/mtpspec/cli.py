@@ -476,7 +476,7 @@ def acceptance(
     threads: int = THREADS,
 ) -> None:
     """Measure the head's acceptance per category, k and temperature (no timing)."""
-    from .core.drafters import TREE_NODES, tree_config
+    from .core.drafters import FIXED_TREE, TREE_NODES, tree_config
     from .core.kernels import R_MAX
     from .measure.acceptance import markdown, measure_acceptance
     from .models import chat_ids
@@ -488,6 +488,8 @@ def acceptance(
     # a verify pass holds at most R_MAX rows: the last committed token and the drafts
     k_list = parse_list(num_draft_tokens, int, "--num-draft-tokens", minimum=1, maximum=R_MAX - 1)
     tree_config(tree_shape, "torch", floor=tree_floor)  # a bad --tree-shape or floor fails before any model loads
+    if not tree and (tree_shape != "cost" or tree_floor != FIXED_TREE.min_branch_prob):
+        raise InputError("--tree-shape and --tree-floor shape a draft tree: add --tree.")
     t_list = parse_list(temperatures, float, "--temperatures", minimum=0.0)
     set_threads(threads)
     from_data = prompts is not None and prompts.is_dir()
