@@ -20,3 +20,4 @@ A="mtpspec acceptance --head $R/head -n 64 --threads $T"
 $A -k 4 --out $O/stepend-builtin.json
 $A --prompts reports/everyday/ondevice-people-48.jsonl -k 4 --out $O/stepend-people.json
 $A --prompts ../shared/data/spec_bench/question.jsonl --limit 48 -k 6 --out $O/stepend-specbench.json
+python reports/data-curve/plot.py count $R $O   # seen.json: the response tokens trained on at each point

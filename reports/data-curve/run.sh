@@ -4,8 +4,10 @@
 # stopped at 50, 100, 200, 400 steps of 16 samples (~2,500 response tokens each) and at the
 # epoch's end ("end"); at each stop the head is exported and decoded on the built-in set and on
 # the independent on-device set (reports/everyday/ondevice-people-48.jsonl), k = 4.
-# Resumable: rerun it and it continues from the last stop done.
-#   [FRACTION=0.35] [R=runs/data-curve] [EXTRA=...] bash reports/data-curve/run.sh THREADS [STOPS...]
+# Resumable: rerun it and it continues from the last stop done. At the end it copies the metrics and
+# the acceptance files into O (default reports/data-curve/run) and counts the tokens seen (seen.json),
+# which is all that plot.py reads.
+#   [FRACTION=0.35] [R=runs/data-curve] [O=reports/data-curve/run] [EXTRA=...] bash reports/data-curve/run.sh THREADS [STOPS...]
 # A second run on the same data reuses the first one's cache: link its data/ and activations*/ into R.
 set -euo pipefail
 T=${1:-1}; shift || true
@@ -31,3 +33,6 @@ for S in $STOPS; do
   mtpspec acceptance --head $R/heads/step$S --prompts reports/everyday/ondevice-people-48.jsonl -k 4 -n 64 \
     --threads $T --out $R/heads/step$S/acceptance-people.json
 done
+O=${O:-reports/data-curve/run}; mkdir -p $O && cp $R/metrics.jsonl $O/
+for S in $STOPS; do for n in builtin people; do cp $R/heads/step$S/acceptance-$n.json $O/step$S-$n.json; done; done
+python reports/data-curve/plot.py count $R $O
