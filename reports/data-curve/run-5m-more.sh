@@ -8,12 +8,7 @@ E=${1:?usage: run-5m-more.sh EPOCH (2 or more)}; T=${THREADS:-2}
 [ "$E" -ge 2 ] || { echo "EPOCH must be 2 or more (epoch 1 is run-5m.sh)"; exit 2; }
 P=runs/all5-e$((E-1)); R=runs/all5-e$E; O=reports/data-curve/run-5m-e$E
 [ -f $P/head/mtp_head.safetensors ] || { echo "$P/head is missing: run epoch $((E-1)) first"; exit 2; }
-D=datasets/smollm2-135m-instruct
-DATA=""; for s in v3-seed0 v3-seed1 v3-seed2 v4-docs-seed0 v4-docs-seed1 v5-seed3 v5-seed4 \
-  v5-seed5 v5-seed6-fp32 v6-seed7-fp32 v6-seed8-fp32 v7-everyday-seed9-fp32 v8-seed10 v8-seed11; do
-  DATA="$DATA --data $D/$s"; done
-FLAGS="--max-draft-tokens 2 --epochs 1 --warmup-steps 20 --batch-size 16 --save-every 10 --holdout 0.04 \
-  --step-decay 0.5 --round-weight 2.0 --feature-weight 0 --threads $T"
+source reports/data-curve/sets-5m.sh   # D, DATA, FLAGS
 mkdir -p $R && (cd $R && for a in ../all5-e1/activations*; do [ -e $(basename $a) ] || ln -s $a .; done)
 RESUME=""; [ -f $R/checkpoint.pt ] && RESUME="--resume"
 [ -f $R/head/mtp_head.safetensors ] || mtpspec train $DATA --out $R --init-head $P/head --lr 1e-3 --eval-every 400 $FLAGS $RESUME

@@ -7,12 +7,7 @@
 # Usage: bash reports/data-curve/run-5m.sh [THREADS=2]
 set -e
 T=${THREADS:-2}; R=runs/all5-e1; O=reports/data-curve/run-5m
-D=datasets/smollm2-135m-instruct
-DATA=""; for s in v3-seed0 v3-seed1 v3-seed2 v4-docs-seed0 v4-docs-seed1 v5-seed3 v5-seed4 \
-  v5-seed5 v5-seed6-fp32 v6-seed7-fp32 v6-seed8-fp32 v7-everyday-seed9-fp32 v8-seed10 v8-seed11; do
-  DATA="$DATA --data $D/$s"; done
-FLAGS="--max-draft-tokens 2 --epochs 1 --warmup-steps 20 --batch-size 16 --save-every 10 --holdout 0.04 \
-  --step-decay 0.5 --round-weight 2.0 --feature-weight 0 --threads $T"
+source reports/data-curve/sets-5m.sh   # D, DATA, FLAGS
 RESUME=""; [ -f $R/checkpoint.pt ] && RESUME="--resume"
 [ -f $R/head/mtp_head.safetensors ] || mtpspec train $DATA --out $R --draft-vocab-size 8192 --lr 2e-3 --eval-every 200 $FLAGS $RESUME
 mkdir -p $O && cp $R/metrics.jsonl $O/
