@@ -9,8 +9,7 @@ replaying the run's own batch order over its cache; `count` makes it while the c
 
     python reports/data-curve/plot.py count RUN_DIR REPORT_DIR      # e.g. runs/all5-e1 reports/data-curve/run-5m
     python reports/data-curve/plot.py OUT_DIR REPORT_DIR [REPORT_DIR ...]
-    python reports/data-curve/plot.py reports/data-curve reports/data-curve/run reports/data-curve/run-full \
-        reports/data-curve/run-5m
+    cd reports/data-curve && python plot.py . run run-full run-5m      # the curve as committed
 
 Writes OUT_DIR/curve.md (one pair of tables per run) and OUT_DIR/curve.png: a bold line through
 the runs' annealed ends (the curve), each run's earlier stops faint. The decoded sets are the same
@@ -66,6 +65,9 @@ def held_rows(report: Path) -> list[dict]:
 
 
 def load_run(report: Path) -> Run:
+    if not (report / "seen.json").is_file() or not (report / "metrics.jsonl").is_file():
+        sys.exit(f"{report} lacks seen.json or metrics.jsonl: is it a run's report folder? "
+                 f"(`plot.py count RUN_DIR {report}` writes seen.json while the run's cache exists)")
     counted = json.loads((report / "seen.json").read_text())
     last, seen = counted["last_step"], {int(s): n for s, n in counted["seen"].items()}
     held = held_rows(report)
