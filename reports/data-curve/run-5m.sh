@@ -3,7 +3,7 @@
 # (14 sets, 33,398 samples, 5.22M response tokens as of 2026-12-04), the recipe's epoch-1 flags
 # (src/mtpspec/pretrained/smollm2-135m-instruct/RECIPE.md), then decoded as the curve's other points.
 # Resumable: run it again after an interruption (the cache resumes at its first missing shard, the
-# training from runs/all5-e1/checkpoint.pt). On the 2-core Xeon: ~2 h of caching, then ~50 min.
+# training from runs/all5-e1/checkpoint.pt). On the 2-core Xeon: ~3 h of caching from nothing, then ~50 min.
 # Usage: bash reports/data-curve/run-5m.sh [THREADS=2]
 set -e
 T=${THREADS:-2}; R=runs/all5-e1; O=reports/data-curve/run-5m
