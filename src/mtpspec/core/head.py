@@ -180,6 +180,13 @@ class MTPHead(nn.Module):
         D = self.fc.weight.shape[0]
         with torch.no_grad():
             self.fc.weight[:, :D] += torch.eye(D)
+            if self.fuse is not None:  # fused features start as the deepest layer's alone (the
+                # one-layer head's start); the other layers' columns start at zero and are learned
+                n = self.target.num_layers
+                depth = [i if i >= 0 else n + 1 + i for i in self.config.hidden_layers]
+                j = max(range(len(depth)), key=depth.__getitem__)
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, j * D:(j + 1) * D] = torch.eye(D)
             for b in self.blocks:
                 b.o_proj.weight.mul_(0.1)
                 if b.mlp_hidden:
