@@ -1,7 +1,7 @@
 #!/bin/bash
 # EAGLE-3-style fused features (target layers 3, 15 and the last) against the last layer alone, at
 # 10x the data of reports/ablations-v3.md's run B: two heads from scratch, one epoch each over a frozen
-# copy of the first 10% of the 12 sets the data curve uses (~0.36M response tokens), the data curve's
+# copy of the first 10% of the 12 sets the data curve uses (0.51M response tokens), the data curve's
 # flags without the feature loss, run side by side on one thread each; decoded on the built-in set,
 # people 48 (k = 4) and Spec-Bench 48 (k = 6). Resumable.   Usage: bash reports/fused-features/run.sh
 set -e
