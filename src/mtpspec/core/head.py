@@ -182,9 +182,8 @@ class MTPHead(nn.Module):
             self.fc.weight[:, :D] += torch.eye(D)
             if self.fuse is not None:  # fused features start as the deepest layer's alone (the
                 # one-layer head's start); the other layers' columns start at zero and are learned
-                n = self.target.num_layers
-                depth = [i if i >= 0 else n + 1 + i for i in self.config.hidden_layers]
-                j = max(range(len(depth)), key=depth.__getitem__)
+                n_feat, layers = self.target.num_layers + 1, self.config.hidden_layers  # as Target.forward counts
+                j = max(range(len(layers)), key=lambda k: layers[k] % n_feat)
                 self.fuse.weight.zero_()
                 self.fuse.weight[:, j * D:(j + 1) * D] = torch.eye(D)
             for b in self.blocks:
