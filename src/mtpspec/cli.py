@@ -230,7 +230,7 @@ def train(
                              "the baseline `mtpspec bench --draft-model` runs)."),
     max_draft_tokens: int = typer.Option(2, "--max-draft-tokens", help="Draft steps unrolled in training. The head "
                                          "drafts more at decode time (its block is shared across steps); at equal "
-                                         "time 2 beat 3 and 6 by far (reports/train-rows/)."),
+                                         "time 2 beat 3 and 6 by far (reports/training/train-rows/)."),
     epochs: int = typer.Option(2, "--epochs"),
     batch_size: int = typer.Option(16, "--batch-size"),
     lr: float = typer.Option(1e-3, "--lr"),

@@ -98,7 +98,7 @@ class TrainConfig:
     # Draft steps unrolled per position (the head's recurrence, exactly as at decode time), saved
     # as HeadConfig.max_draft_tokens. The block is shared across steps, so a head drafts more
     # steps than it was unrolled for; a step's cost grows with the unroll, and at equal time 2
-    # learned far more than 6 (reports/train-rows/).
+    # learned far more than 6 (reports/training/train-rows/).
     max_draft_tokens: int = 2
     # Passes over the training split.
     epochs: int = 2
@@ -133,7 +133,7 @@ class TrainConfig:
     # Extra loss weight on the rows where greedy decoding would start a round (the head's own
     # teacher-forced drafts walked as `round_roots` walks them): 0 = every row alike. Rounds
     # start right after a rejection, where the head does worst, and only those rows' drafts
-    # are ever verified (reports/transfer/).
+    # are ever verified (reports/acceptance/transfer/).
     round_weight: float = 0.0
     # Score each row's context tokens outside the reduced draft vocabulary too, as drafting does
     # (`MTPHead.copy_context`): the tokens of the prompt and answer up to the round's root join

@@ -90,7 +90,7 @@ class TreeConfig:
     # continuation = the running mean of accepted drafts after the first, over rounds that
     # accepted one. Off by default: on this CPU it bought tokens per forward (on-device 1.89 ->
     # 1.98, Spec-Bench 1.53 -> 1.59) but cost wall time on-device (tree / chain 1.065-1.094 ->
-    # 1.041-1.043; reports/tree-shapes/); where a plane costs less, it may pay.
+    # 1.041-1.043; reports/drafting/tree-shapes/); where a plane costs less, it may pay.
     branch_credit: bool = False
     # Share of a depth's probability expected to pay at the next depth (from a sweep of
     # simulated rounds on the built-in and Spec-Bench prompts: 0.3 was best on both).
@@ -125,7 +125,7 @@ HYBRID_LOOKUP = 6
 # prices the 8-node tree reached 1.64 tokens per forward on 48 Spec-Bench prompts against 1.54
 # with the op-by-op ones (plane 0.09 kept most branches out); step 0.1 against 0.05 cost 0.01
 # of that and bought wall time (tree / chain 1.039-1.041x vs 1.016x on Spec-Bench, 1.075x vs
-# 1.076x on the built-in set; `reports/fused-v2/`).
+# 1.076x on the built-in set; `reports/fused/fused-v2/`).
 FUSED_COSTS = RoundCosts(row=0.03, plane=0.0, step=0.1)
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 DEFAULT_PROMPTS = Path(__file__).parent / "default.jsonl"
 # A data set's prompts are grouped by length in tokens: short requests, and the long ones that
-# carry a passage or an earlier turn (reports/gap/: they accept differently).
+# carry a passage or an earlier turn (reports/acceptance/gap/: they accept differently).
 SHORT_PROMPT_TOKENS = 160
 
 
@@ -71,7 +71,7 @@ def data_prompts(data_dir: str | Path, tokenizer: Any, target_identity: Any,
     """The prompts of a data set written by `mtpspec data`, evenly spread, as the token ids (T,)
     the target answered (chat template, passages and earlier turns included) with their text
     for the record. Category: `short` (under SHORT_PROMPT_TOKENS tokens) or `long`. Only a set
-    the head never trained on measures what it does on new requests (reports/gap/)."""
+    the head never trained on measures what it does on new requests (reports/acceptance/gap/)."""
     from ..training.shards import load_samples, read_manifest
 
     m = read_manifest(data_dir)

@@ -3,7 +3,7 @@
 The target's self-written user turns (`tasks.TASK_OPENERS`) read like a model's: generic,
 without the names, times, amounts and app names that fill a phone's notifications and
 messages. Heads trained on them gained on held-out self-written prompts and hardly at all on
-people's prompts (`reports/gap/`, `reports/head-v9/`). These requests are made from slot-filled
+people's prompts (`reports/acceptance/gap/`, `reports/heads/head-v9/`). These requests are made from slot-filled
 templates (people, apps, times, places, errands), so the answers the target writes to them (the
 training text) are its answers to requests shaped like its users'. The answers stay the
 target's own; only the request is assembled here.

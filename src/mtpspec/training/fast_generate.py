@@ -16,7 +16,7 @@ over 73-79 rows, because HF's top-p sorts the whole vocabulary of every row (0.7
    (`kernels.attention`, "manual": heads that share a key/value head are stacked, so the
    cache is read once per group). Alone, for 96 rows x 9 heads over 178 positions, it took
    1.4 ms where PyTorch's fused CPU kernel ("sdpa") took 17 ms; inside a whole greedy step,
-   where matmuls and reading the cache dominate, it saved 0-10% (`reports/data-speed/`).
+   where matmuls and reading the cache dominate, it saved 0-10% (`reports/training/data-speed/`).
    Prefill (several new tokens per row) stays on HF's "sdpa".
 
 The attention kernels round differently, so greedy text differs from "sdpa"'s after a while
@@ -59,7 +59,7 @@ def length_buckets(lengths: list[int], max_new: int, row_cost: int = 64, bucket_
     width, so one 586-token passage made 178 rows of a median 69 tokens attend ~600 positions
     each: 48 steps took 672 s in one call, 195 s in four length buckets (fp32, 2 threads, an
     AVX2 EPYC). The writer's own calls (one per stage) mix lengths far less: there a whole
-    batch wrote no faster (`reports/data-speed/`); buckets pay where a stage mixes short and long
+    batch wrote no faster (`reports/training/data-speed/`); buckets pay where a stage mixes short and long
     prompts (`--prompts-file`, `--passages`). row_cost stands for a row's matmuls in units of
     cached positions, bucket_cost for a call's fixed per-step cost; both rough, they only place
     the cuts."""

@@ -286,7 +286,7 @@ class MTPObjective:
         token. `accept_rounds`: as decoding meets them, each answer walked round by round from
         its first token (a round at row t accepts a drafts and the next starts at t + a + 1).
         Rounds start right after a rejection, where the head did worst, so `accept` runs above
-        what decoding gets (reports/transfer/); `accept_rounds` is the one that ranks heads.
+        what decoding gets (reports/acceptance/transfer/); `accept_rounds` is the one that ranks heads.
         The head scores the vocabulary it trains on (`copy_context` adds the context's tokens)."""
         K = self.cfg.max_draft_tokens
         runs, walks = [torch.zeros(0, K)], []
