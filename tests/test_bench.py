@@ -215,34 +215,3 @@ def test_llamacpp_is_skipped_with_a_note_when_missing_or_not_gguf(tmp_path, monk
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "llama_cpp" else real(name, *a))
     methods, notes = build_methods(cfg, model, gguf=None)
     assert [m.name for m in methods] == ["k0"] and "not a GGUF file" in notes[0]
-
-
-def test_llamacpp_method_decodes_greedily_and_stops_at_eos_or_the_budget(monkeypatch, tmp_path):
-    import sys
-    import types
-
-    from mtpspec.measure.bench import llamacpp_method
-
-    calls = {}
-
-    class FakeLlama:
-        def __init__(self, **kw):
-            calls["init"] = kw
-            calls["extra_buffers"] = fake_low.llama_model_default_params().use_extra_bufts
-
-        def generate(self, tokens, **kw):
-            calls["generate"] = (tokens, kw)
-            yield from [11, 12, 2, 13, 14]
-
-    fake_low = types.SimpleNamespace(llama_model_default_params=lambda: types.SimpleNamespace(use_extra_bufts=True))
-    wrapper = types.SimpleNamespace(llama_cpp=fake_low)
-    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=FakeLlama, llama=wrapper))
-    monkeypatch.setitem(sys.modules, "llama_cpp.llama", wrapper)
-    m = llamacpp_method(tmp_path / "m.gguf", eos=[2], max_new_tokens=8, threads=2)
-    out = m.run(torch.tensor([[5, 6, 7]]))
-    assert out.tokens == [11, 12, 2] and out.target_forwards == 3 and out.ttft is not None
-    assert calls["generate"][0] == [5, 6, 7] and calls["generate"][1]["temp"] == 0.0  # greedy, the same prompt ids
-    assert calls["init"]["model_path"] == str(tmp_path / "m.gguf") and calls["init"]["n_threads"] == 2
-    assert calls["extra_buffers"] is False  # llama.cpp's AMX buffers off while the model loads,
-    assert fake_low.llama_model_default_params().use_extra_bufts is True  # and the defaults restored after
-    assert llamacpp_method(tmp_path / "m.gguf", eos=[2], max_new_tokens=2, threads=1).run(torch.tensor([[5]])).tokens == [11, 12]

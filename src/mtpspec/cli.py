@@ -378,9 +378,10 @@ def bench(
     num_draft_tokens: int = typer.Option(None, "--num-draft-tokens", "-k",
                                          help="Drafts per round for `mtp` [default: the head's tuned k]."),
     sweep: str = typer.Option(None, "--sweep", help="Comma-separated k values; adds one method mtp_k<k> per value."),
-    methods: str = typer.Option("hf,k0,mtp,mtp-tree,hybrid,switch,assisted,lookup,llamacpp", "--methods",
+    methods: str = typer.Option("hf,k0,mtp,mtp-tree,hybrid,switch,assisted,lookup,llamacpp,llamacpp-lookup", "--methods",
                                 help="Comma-separated: hf, k0, mtp, mtp-tree, hybrid, switch, assisted, lookup, "
-                                "llamacpp (llama.cpp greedy on the target's GGUF file, if llama-cpp-python is installed)."),
+                                "llamacpp, llamacpp-lookup (llama.cpp greedy / prompt lookup on the target's GGUF file, "
+                                "if llama-cpp-python is installed)."),
     hf_dtype: str = typer.Option("fp32", "--hf-dtype", help="dtype of HF's own methods (hf, lookup, assisted): "
                                  "fp32 is what HF loads by default; 'same' = --dtype."),
     tree_nodes: int = typer.Option(8, "--tree-nodes", help="Draft nodes per round for mtp-tree and hybrid."),
@@ -396,6 +397,8 @@ def bench(
     reps: int = typer.Option(1, "--reps", help="Timed repetitions of every prompt."),
     warmup: int = typer.Option(1, "--warmup", help="Prompts every method runs untimed before timing."),
     lookup_tokens: int = typer.Option(10, "--lookup-tokens", help="prompt_lookup_num_tokens for `lookup`."),
+    llamacpp_lookup_k: int = typer.Option(2, "--llamacpp-lookup-k", help="Drafts per round (num_pred_tokens) of "
+                                          "`llamacpp-lookup`."),
     out: Path = typer.Option(None, "--out", "-o", help="Report directory [default: reports/bench-<date>]."),
     threads: int = THREADS,
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
@@ -414,7 +417,7 @@ def bench(
                       sweep=tuple(parse_list(sweep, int, "--sweep")) if sweep else (), max_new_tokens=max_new_tokens,
                       reps=reps, warmup=warmup, lookup_tokens=lookup_tokens, tree_nodes=tree_nodes,
                       tree_shape=tree_shape, tree_depth=tree_depth, tree_floor=tree_floor, hybrid_lookup=hybrid_lookup,
-                      switch_tokens=switch_tokens)
+                      switch_tokens=switch_tokens, llamacpp_lookup_k=llamacpp_lookup_k)
     plist = load_prompts(prompts, limit)  # fail on a bad prompts file before loading any model
     now = datetime.datetime.now()
     out = out or Path("reports") / f"bench-{now:%Y%m%d-%H%M%S}"
@@ -426,7 +429,7 @@ def bench(
         hf_model = open_target(target, hf_torch_dtype)[0].model
     choice = resolve_head(tgt, loaded.name, head, warn=_warn) if cfg.needs_head else None
     assistant = load_draft_model(draft_model, hf_torch_dtype) if draft_model and "assisted" in cfg.methods else None
-    gguf = gguf_file(target) if "llamacpp" in cfg.methods else None
+    gguf = gguf_file(target) if cfg.needs_gguf else None
     method_list, notes = build_methods(cfg, loaded.model, choice.head if choice else None, assistant, hf_model, gguf)
     if choice and choice.directory is None:
         notes.insert(0, FRESH_HEAD_NOTE)

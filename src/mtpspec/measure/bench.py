@@ -11,13 +11,13 @@ Everything measured comes back as dataclasses; `report.py` writes them out.
 
 Methods: `hf` (Hugging Face greedy `generate`, the reference output), `k0` (mtpspec's loop
 without drafts), `mtp` and `mtp_k{k}` (mtpspec with the MTP head), `assisted` (HF assisted
-generation with a draft model, a small standalone LM) and `lookup` (HF prompt lookup decoding).
+generation with a draft model, a small standalone LM), `lookup` (HF prompt lookup decoding), and
+`llamacpp` / `llamacpp-lookup` (llama.cpp greedy / prompt lookup on the target's GGUF file, `llamacpp.py`).
 """
 
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import platform
 import resource
 import sys
@@ -49,7 +49,7 @@ from ..core.target import Target
 from ..errors import InputError
 from ..prompts import Prompt
 
-METHODS = ("hf", "k0", "mtp", "mtp-tree", "hybrid", "switch", "assisted", "lookup", "llamacpp")
+METHODS = ("hf", "k0", "mtp", "mtp-tree", "hybrid", "switch", "assisted", "lookup", "llamacpp", "llamacpp-lookup")
 HEAD_METHODS = ("mtp", "mtp-tree", "hybrid", "switch")
 ALL = "all"  # the category name of the overall summary
 FRESH_HEAD_NOTE = ("mtp: no trained head for this target, so a freshly initialised head was used; its acceptance is "
@@ -72,6 +72,9 @@ class BenchConfig:
     warmup: int = 1
     # Draft length of prompt lookup decoding (HF `prompt_lookup_num_tokens`).
     lookup_tokens: int = 10
+    # Drafts per round of `llamacpp-lookup` (llama.cpp's `num_pred_tokens`): the best of 2 / 4 / 10
+    # on a 2-core Zen 4 (74.0 / 61.3 / 45.4 tok/s against llama.cpp greedy 92.1; issue 46).
+    llamacpp_lookup_k: int = 2
     # Draft nodes per round for `mtp-tree` and `hybrid` (a tree from the head).
     tree_nodes: int = TREE_NODES
     # How those trees are shaped: "cost" (each round from the measured costs and the head's
@@ -104,6 +107,8 @@ class BenchConfig:
             raise InputError(f"--sweep values must be >= 1, got {list(self.sweep)}.")
         if self.max_new_tokens < 1 or self.reps < 1 or self.warmup < 0 or self.lookup_tokens < 1 or self.switch_tokens < 1:
             raise InputError("max_new_tokens, reps, lookup_tokens and switch_tokens must be >= 1, warmup >= 0.")
+        if self.llamacpp_lookup_k < 1:
+            raise InputError(f"--llamacpp-lookup-k must be >= 1, got {self.llamacpp_lookup_k}.")
         if self.tree_nodes < 1 or self.hybrid_lookup < 0:  # a lookup branch longer than the tree is cut to it
             raise InputError(f"--tree-nodes must be >= 1 and --hybrid-lookup >= 0, got {self.tree_nodes} and "
                              f"{self.hybrid_lookup}.")
@@ -116,6 +121,11 @@ class BenchConfig:
     @property
     def needs_head(self) -> bool:
         return any(m in self.methods for m in HEAD_METHODS) or bool(self.sweep)
+
+    @property
+    def needs_gguf(self) -> bool:
+        """Whether a method runs the target's GGUF file (llama.cpp's)."""
+        return any(m.startswith("llamacpp") for m in self.methods)
 
 
 # -- methods ----------------------------------------------------------------------------------
@@ -209,60 +219,6 @@ def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens:
     return Method(name, run, memory, k)
 
 
-LLAMACPP_HINT = "pip install 'mtpspec[llamacpp]' (builds llama.cpp from source, ~10 minutes on 2 cores)"
-
-
-def _no_extra_buffers(make: Callable[[], Any]) -> Any:
-    """Build a llama_cpp.Llama with the model's `use_extra_bufts` off: on this CPU llama.cpp
-    0.3.36's AMX weight buffers crash (SIGSEGV in ggml_backend_amx_mul_mat) on the first
-    decode, whatever it was built with. llama-cpp-python has no argument for it, so its
-    default model parameters are patched for the one call."""
-    import llama_cpp.llama as ll
-
-    default = getattr(ll.llama_cpp, "llama_model_default_params", None)
-    if default is None:
-        return make()
-
-    def params() -> Any:
-        p = default()
-        if hasattr(p, "use_extra_bufts"):
-            p.use_extra_bufts = False
-        return p
-
-    ll.llama_cpp.llama_model_default_params = params
-    try:
-        return make()
-    finally:
-        ll.llama_cpp.llama_model_default_params = default
-
-
-def llamacpp_method(gguf: Path, eos: Sequence[int], max_new_tokens: int, threads: int, context: int = 4096) -> Method:
-    """llama.cpp's own greedy decoding (llama-cpp-python) of the same GGUF file and the same
-    prompt ids: what a CPU user might run instead. It computes with the file's quantized
-    weights (e.g. Q4_1), not the dequantized ones mtpspec and HF run, so its text differs."""
-    import llama_cpp  # the caller checked it is installed
-
-    llm = _no_extra_buffers(lambda: llama_cpp.Llama(model_path=str(gguf), n_ctx=context, n_threads=threads,
-                                                    n_threads_batch=threads, verbose=False, logits_all=False))
-    stop = set(int(e) for e in eos)
-
-    def run(ids: torch.Tensor) -> RunOutput:
-        new: list[int] = []
-        first = None
-        t0 = time.perf_counter()
-        for tok in llm.generate(ids[0].tolist(), temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
-                                reset=True):
-            if first is None:
-                first = time.perf_counter()
-            new.append(int(tok))
-            if tok in stop or len(new) >= max_new_tokens:
-                break
-        seconds = time.perf_counter() - t0
-        return RunOutput(new, seconds, first - t0 if first is not None else None, len(new), None)
-
-    return Method("llamacpp", run)
-
-
 def draft_model_memory(model: Any) -> DrafterMemory:
     """A draft model owns its weights and a KV cache of its own:
     2 (K and V) * layers * kv_heads * head_dim * element size bytes per cached position."""
@@ -320,15 +276,15 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
             methods.append(mtpspec_method("switch", target, head, max(cfg.switch_tokens, k or 1), cfg.max_new_tokens, switch))
         elif name == "lookup":
             methods.append(hf_method("lookup", hf_model, cfg.max_new_tokens, prompt_lookup_num_tokens=cfg.lookup_tokens))
-        elif name == "llamacpp":
-            if importlib.util.find_spec("llama_cpp") is None:
-                notes.append(f"llamacpp: skipped, llama-cpp-python is not installed: {LLAMACPP_HINT}.")
-            elif gguf is None:
-                notes.append("llamacpp: skipped, the target is not a GGUF file (llama.cpp runs GGUF files only).")
-            else:
-                eos = model.generation_config.eos_token_id
-                eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-                methods.append(llamacpp_method(gguf, eos, cfg.max_new_tokens, torch.get_num_threads()))
+        elif name.startswith("llamacpp"):
+            from . import llamacpp
+
+            eos = model.generation_config.eos_token_id
+            eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+            method, note = llamacpp.bench_method(name, gguf, eos, cfg.max_new_tokens, torch.get_num_threads(),
+                                                 cfg.llamacpp_lookup_k)
+            methods.extend([method] if method is not None else [])
+            notes.extend([note] if note is not None else [])
         elif name == "assisted":
             if draft_model is None:
                 notes.append("assisted: skipped, no draft model given (pass --draft-model DIR, a model saved "
@@ -381,6 +337,7 @@ class Record:
     identical: bool | None = None  # output equals hf's (first rep) token for token; None: hf not run
     first_diff: int | None = None  # index of the first token that differs from hf's output
     identical_k0: bool | None = None  # output equals mtpspec's plain decoding (k0), the exactness guarantee
+    identical_llamacpp: bool | None = None  # output equals llama.cpp's own greedy (`llamacpp`, first rep)
     tokens: list[int] = field(default_factory=list, repr=False)
 
 
@@ -402,6 +359,7 @@ class Summary:
     identical: int | None  # prompts whose output equals hf's in every rep (None: hf not run)
     position_acceptance: list[float] | None  # rate at which draft position i was accepted
     identical_k0: int | None = None  # prompts whose output equals k0's in every rep (None: k0 not run)
+    identical_llamacpp: int | None = None  # prompts whose output equals llamacpp's in every rep (None: not run)
     ms_per_forward: float | None = None  # mtpspec's loop: mean wall time of one target forward that verifies (drafting excluded)
     ms_per_draft: float | None = None  # mtpspec's loop: mean drafting time per round
 
@@ -445,7 +403,7 @@ def _record_dict(r: Record) -> dict[str, Any]:
     """One record for results.json: its stats as `DecodeStats.to_dict` writes them (mean accepted,
     acceptance histogram, per-position rates), its tokens left out."""
     d = {f: getattr(r, f) for f in ("method", "question_id", "category", "rep", "new_tokens", "seconds", "ttft",
-                                    "target_forwards", "identical", "first_diff", "identical_k0")}
+                                    "target_forwards", "identical", "first_diff", "identical_k0", "identical_llamacpp")}
     d["stats"] = r.stats.to_dict() if r.stats is not None else None
     return d
 
@@ -471,6 +429,8 @@ def environment_info(cfg: BenchConfig, target_name: str, dtype: str, prompts_fil
         info["assistant"] = ", ".join(f"{n}={'HF default' if v is None else v}" for n, v in vals.items())
     if "lookup" in cfg.methods:
         info["lookup"] = f"prompt_lookup_num_tokens={cfg.lookup_tokens}"
+    if "llamacpp-lookup" in cfg.methods:
+        info["llamacpp-lookup"] = f"LlamaPromptLookupDecoding(num_pred_tokens={cfg.llamacpp_lookup_k}, max_ngram_size=2)"
     return info
 
 
@@ -520,12 +480,15 @@ def run_bench(cfg: BenchConfig, methods: Sequence[Method], prompts: Sequence[Pro
 
 
 def _compare_outputs(records: list[Record]) -> None:
-    """Compare every record's tokens with hf's and with k0's first-rep output for the same prompt."""
+    """Compare every record's tokens with hf's, k0's and llamacpp's first-rep output for the same prompt."""
     ref = {r.question_id: r.tokens for r in records if r.method == "hf" and r.rep == 0}
     plain = {r.question_id: r.tokens for r in records if r.method == "k0" and r.rep == 0}
+    llama = {r.question_id: r.tokens for r in records if r.method == "llamacpp" and r.rep == 0}
     for r in records:
         if r.question_id in plain:
             r.identical_k0 = r.tokens == plain[r.question_id]
+        if r.question_id in llama:
+            r.identical_llamacpp = r.tokens == llama[r.question_id]
         if r.question_id not in ref:
             continue
         a, b = r.tokens, ref[r.question_id]
@@ -556,12 +519,16 @@ def summarize(records: Sequence[Record], method: str, category: str = ALL) -> Su
     vs_k0 = [r for r in rs if r.identical_k0 is not None]
     k0_qids = {r.question_id for r in vs_k0}
     identical_k0 = sum(all(r.identical_k0 for r in vs_k0 if r.question_id == q) for q in k0_qids) if vs_k0 else None
+    vs_llama = [r for r in rs if r.identical_llamacpp is not None]
+    identical_llamacpp = sum(all(r.identical_llamacpp for r in vs_llama if r.question_id == q)
+                             for q in {r.question_id for r in vs_llama}) if vs_llama else None
     return Summary(method=method, category=category, prompts=len({r.question_id for r in rs}), new_tokens=tokens,
                    seconds=seconds, tokens_per_s=tokens / seconds if seconds else 0.0, speedup_vs_hf=None,
                    speedup_vs_k0=None, mean_accepted=mean_accepted,
                    forwards_per_token=forwards / tokens if tokens else 0.0,
                    ttft_s=sum(ttfts) / len(ttfts) if ttfts else None, identical=identical,
-                   position_acceptance=positions, identical_k0=identical_k0, ms_per_forward=ms_forward,
+                   position_acceptance=positions, identical_k0=identical_k0, identical_llamacpp=identical_llamacpp,
+                   ms_per_forward=ms_forward,
                    ms_per_draft=ms_draft)
 
 

@@ -60,11 +60,12 @@ def markdown(result: BenchResult) -> str:
               "accepted/fwd: tokens per target forward that verifies drafts. fwd/token: all target forwards "
               "(prefill included) per new token. ms/verify fwd: mean wall time of one target forward in mtpspec's loop "
               "(k0: one token; a drafting method: k + 1 tokens or tree nodes), so their ratio is this run's verify "
-              "cost. identical to k0: the exactness guarantee (same dtype, same library). TTFT includes any draft "
+              "cost. identical to k0: the exactness guarantee (same dtype, same library). identical to llamacpp: "
+              "outputs equal to llama.cpp's own greedy decoding (its batched verify may round otherwise). TTFT includes any draft "
               "model prefill. Memory: what the drafter "
               "owns beside the target (weights + its own KV cache) at each context length.", ""]
     header = ["method", "k", "tok/s", "x hf", "x k0", "accepted/fwd", "fwd/token", "ms/verify fwd", "ms drafting/round",
-              "TTFT ms", "identical to hf", "identical to k0"]
+              "TTFT ms", "identical to hf", "identical to k0", "identical to llamacpp"]
     header += [f"drafter mem @{c}" for c in ctx]
     rows = []
     for m in result.methods:
@@ -73,7 +74,8 @@ def markdown(result: BenchResult) -> str:
                      _f(s.speedup_vs_k0, ".2f", "x"), _f(s.mean_accepted), _f(s.forwards_per_token, ".3f"),
                      _f(s.ms_per_forward, ".1f"), _f(s.ms_per_draft, ".2f"),
                      _f(s.ttft_s * 1e3 if s.ttft_s is not None else None, ".1f"), _identical(s),
-                     "-" if s.identical_k0 is None else f"{s.identical_k0}/{s.prompts}"]
+                     "-" if s.identical_k0 is None else f"{s.identical_k0}/{s.prompts}",
+                     "-" if s.identical_llamacpp is None else f"{s.identical_llamacpp}/{s.prompts}"]
                     + [_mib(result.memory[m].at(c)) for c in ctx])
     lines += _table(header, rows)
 
@@ -113,6 +115,8 @@ def summary_line(result: BenchResult, method: str) -> str:
         parts.append(f"identical to hf {s.identical}/{s.prompts}")
     if s.identical_k0 is not None:
         parts.append(f"to k0 {s.identical_k0}/{s.prompts}")
+    if s.identical_llamacpp is not None and method.startswith("llamacpp") and method != "llamacpp":
+        parts.append(f"to llamacpp {s.identical_llamacpp}/{s.prompts}")
     return "  ".join(parts)
 
 
