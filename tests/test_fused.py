@@ -13,7 +13,8 @@ from conftest import OracleDrafter, tiny_model
 
 import mtpspec
 from mtpspec.core import fused
-from mtpspec.core.tree import tree_mask
+from mtpspec.core.rope import signed_sin
+from mtpspec.core.tree import TreeLayout
 
 pytestmark = pytest.mark.skipif(fused.reason(torch.float32) is not None,
                                 reason=f"no fused forward here: {fused.reason(torch.float32)}")
@@ -124,13 +125,12 @@ def test_a_tree_row_equals_decoding_its_path_one_token_at_a_time(dtype):
     ids = torch.randint(4, 97, (1, 20), generator=torch.Generator().manual_seed(4))
     parents = [-1, 0, 1, -1, 3, 0, 5]  # drafts under the root row: a spine 0-1-2, branches 3-4 and 5-6
     toks = torch.randint(4, 97, (1, len(parents) + 1), generator=torch.Generator().manual_seed(5))
-    mask = tree_mask(parents)
-    depth = mask.sum(-1) - 1
+    layout = TreeLayout.from_parents(parents)
     c = t.new_cache(64)
     t.forward(ids, c)
-    tree = t.forward(toks, c, positions=20 + depth, tree_mask=mask)
+    tree = t.forward(toks, c, layout=layout)
     for r in range(len(parents) + 1):
-        path = mask[r].nonzero()[:, 0]
+        path = layout.mask[r].nonzero()[:, 0]
         cp = t.new_cache(64)
         t.forward(ids, cp)
         out = t.forward(toks[:, path], cp)
@@ -188,8 +188,6 @@ def test_the_library_is_loaded_with_its_entry_points(each_dtype):
 def test_the_fused_head_step_computes_what_the_heads_own_step_computes(rows, each_dtype):
     """One draft step as one C call: the next states and the logits over the draft vocabulary and
     a round's extra rows agree with `MTPHead.step` + `project` up to rounding."""
-    from mtpspec.core.target import signed_sin
-
     model = _model("llama", each_dtype)
     tol = TOLERANCE[each_dtype]
     t = mtpspec.Target(model)

@@ -144,6 +144,54 @@ def test_a_model_cast_or_given_new_weights_after_wrapping_is_read_again():
     assert torch.equal(out, fresh_logits())
 
 
+@pytest.mark.parametrize("family", ["llama", "olmo2", "smollm3", "gemma3_text"])
+def test_weights_describe_every_layer_by_reference(family):
+    """`Target.weights()`, what both forwards read: the model's own tensors (stacked q/k/v and
+    gate/up as views of them), each norm where the family puts it, and each layer's RoPE table,
+    window and activation as the config says."""
+    model = any_model(family)
+    t = mtpspec.Target(model)
+    w = t.weights()
+    cfg = model.config
+    assert len(w.layers) == t.num_layers and w.llama_norms == (family in ("llama", "smollm3"))
+    assert w.lm_head.weight is model.lm_head.weight and w.final_norm.weight is model.model.norm.weight
+    for i, (L, layer) in enumerate(zip(w.layers, model.model.layers)):
+        a, m = layer.self_attn, layer.mlp
+        assert torch.equal(L.qkv.weight, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
+        assert L.qkv.weight.data_ptr() == a.q_proj.weight.data_ptr()  # a view of the model's own memory
+        assert torch.equal(L.gate_up.weight, torch.cat([m.gate_proj.weight, m.up_proj.weight]))
+        assert L.o.weight is a.o_proj.weight and L.down.weight is m.down_proj.weight
+        assert L.scale == a.scaling and L.window == t.windows[i]
+        pre = layer.input_layernorm if family != "olmo2" else None
+        assert (L.attn_norm is None) == (pre is None) and (pre is None or L.attn_norm.weight is pre.weight)
+        if family == "llama":
+            assert L.attn_norm.eps == cfg.rms_norm_eps and L.mlp_norm.weight is layer.post_attention_layernorm.weight
+            assert L.attn_out_norm is None and L.q_norm is None and L.rope == "" and L.activation == "silu"
+        if family == "olmo2":  # sublayer outputs only; q/k norms over all heads
+            assert L.mlp_norm is None and L.attn_out_norm.weight is layer.post_attention_layernorm.weight
+            assert L.mlp_out_norm.weight is layer.post_feedforward_layernorm.weight
+            assert L.q_norm.weight is a.q_norm.weight and L.k_norm.weight is a.k_norm.weight and L.qk_norm_whole
+        if family == "smollm3":  # NoPE layers
+            assert L.has_rope == bool(cfg.no_rope_layers[i]) and L.rope in ("", None)
+        if family == "gemma3_text":  # sandwich norms, per-head q/k norms, a RoPE table per layer type, GELU
+            assert L.mlp_norm.weight is layer.pre_feedforward_layernorm.weight and L.mlp_out_norm is not None
+            assert L.q_norm is not None and not L.qk_norm_whole
+            assert L.rope == cfg.layer_types[i] and L.activation != "silu"
+    if family == "smollm3":
+        assert [L.rope for L in w.layers] == ["", None]  # the tiny config's layer 1 has no RoPE
+
+
+def test_weights_follow_a_weight_given_new_data():
+    model = tiny_model("llama")
+    t = mtpspec.Target(model)
+    before = t.weights()
+    gate = model.model.layers[0].mlp.gate_proj.weight
+    gate.data = torch.randn_like(gate)
+    after = t.weights()
+    assert not torch.equal(after.layers[0].gate_up.weight, before.layers[0].gate_up.weight)
+    assert after.layers[0].gate_up.weight.data_ptr() == gate.data_ptr()
+
+
 def test_rms_norm_is_bitwise_hf():
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 

@@ -13,7 +13,7 @@ from conftest import FAMILIES, hf_greedy, tiny_model
 import mtpspec
 from mtpspec import Draft
 from mtpspec.core.decode import _spine_first
-from mtpspec.core.tree import children, depths, path_to, positions, spine_first, tree_mask
+from mtpspec.core.tree import TreeLayout, children, depths, path_to, positions, spine_first, tree_mask
 from mtpspec.core.verify import accept_greedy_tree
 
 #        root(0)
@@ -63,6 +63,51 @@ def test_depths_positions_paths_children():
     assert path_to(PARENTS, 5) == [0, 2, 5]
     assert path_to(PARENTS, 0) == [0]
     assert children(PARENTS) == [[1, 2], [3, 4], [5], [6], [], [], []]
+
+
+def test_a_layout_lists_each_rows_ancestors_in_depth_order_as_drawn():
+    layout = TreeLayout.from_parents(PARENTS)
+    assert layout.rows == 7 and not layout.is_chain and layout.spine == 2  # root, d0; d1 is not d0's child
+    assert torch.equal(layout.mask, tree_mask(PARENTS))
+    assert layout.positions(7).tolist() == [7, 8, 8, 9, 9, 9, 10]
+    assert layout.nanc.tolist() == [1, 2, 2, 3, 3, 3, 4]
+    P = 7  # padding past each row's ancestors
+    assert layout.anc.tolist() == [
+        [0, P, P, P, P, P, P],
+        [0, 1, P, P, P, P, P],
+        [0, 2, P, P, P, P, P],
+        [0, 1, 3, P, P, P, P],
+        [0, 1, 4, P, P, P, P],
+        [0, 2, 5, P, P, P, P],
+        [0, 1, 3, 6, P, P, P],
+    ]
+    assert layout.nanc.dtype == layout.anc.dtype == torch.int32 and layout.anc.is_contiguous()
+    assert TreeLayout.from_parents(SPINE_TREE).spine == 5  # root and the leading chain d0..d3
+
+
+@pytest.mark.parametrize("parents", [[], [-1], [-1, 0, 1]])
+def test_a_chain_is_a_chain_layout(parents):
+    layout = TreeLayout.from_parents(parents)
+    assert layout.is_chain and layout.spine == layout.rows == len(parents) + 1
+    assert layout.positions(3).tolist() == list(range(3, 3 + layout.rows))
+
+
+@pytest.mark.parametrize("parents", [PARENTS, SPINE_TREE, SCATTERED, [-1, 0, 1]])
+def test_a_layout_from_a_mask_is_the_layout_from_its_parents(parents):
+    a, b = TreeLayout.from_mask(tree_mask(parents)), TreeLayout.from_parents(parents)
+    assert a.parents == b.parents == tuple(parents) and a.spine == b.spine
+    assert all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("depths", "mask", "nanc", "anc"))
+
+
+@pytest.mark.parametrize("mask", [
+    torch.ones(3, 3, dtype=torch.bool),  # rows see later rows
+    torch.eye(3, dtype=torch.bool),  # drafts that do not see the root
+    torch.tensor([[1, 0, 0], [1, 1, 0], [0, 1, 1]], dtype=torch.bool),  # sees its parent but not the root
+    torch.ones(2, 3, dtype=torch.bool),
+])
+def test_a_mask_that_is_no_trees_is_refused(mask):
+    with pytest.raises(mtpspec.InputError, match="mask"):
+        TreeLayout.from_mask(mask)
 
 
 @pytest.mark.parametrize("bad", [[0], [-1, 1], [-2]])
@@ -226,12 +271,13 @@ def test_bf16_tree_equals_plain_decoding(family):
     [-1, 0, 1, -1, 3, 4, 5, 6, 1],  # a branch of five (a lookup branch) longer than the spine, and a leaf
 ])
 @pytest.mark.parametrize("family, extra", [("llama", {}), ("mistral", {"sliding_window": 6})])
-def test_tree_verify_rows_are_bitwise_plain_decoding(dtype, parents, family, extra):
+@pytest.mark.parametrize("engine", ["auto", "torch"])  # the fused forward where it runs, and op by op
+def test_tree_verify_rows_are_bitwise_plain_decoding(dtype, parents, family, extra, engine):
     """The logits of every tree node equal, bit for bit, the logits of decoding its path one
     token at a time (the property behind exact tree verification in any dtype), whether the
     node attends the cache itself (a leading chain) or a copy of it, also past a sliding window."""
     model = tiny_model(family, hidden_size=64, intermediate_size=128, initializer_range=0.1, **extra).to(dtype)
-    t = mtpspec.Target(model)
+    t = mtpspec.Target(model, engine=engine)
     if dtype == torch.float32 and not t.plan.row_invariant:
         pytest.skip(f"this CPU has no row-invariant fp32 kernels ({t.plan}; seen on an AMD EPYC): fp32 is exact "
                     "up to rounding there, as the plan says")
@@ -242,7 +288,7 @@ def test_tree_verify_rows_are_bitwise_plain_decoding(dtype, parents, family, ext
     t.forward(prompt[:, :-1], cache)
     L = cache.length
     rows = torch.cat([prompt[:, -1:], tokens[None]], 1)
-    tree = t.forward(rows, cache, positions=positions(parents, L), tree_mask=tree_mask(parents)).logits[0]
+    tree = t.forward(rows, cache, layout=TreeLayout.from_parents(parents)).logits[0]  # positions L + depth
     for node in range(len(parents) + 1):
         path = path_to(parents, node)
         plain = t.new_cache(128)
@@ -250,3 +296,23 @@ def test_tree_verify_rows_are_bitwise_plain_decoding(dtype, parents, family, ext
         for r in path:
             logits = t.forward(rows[:, r:r + 1], plain).logits[0, 0]
         assert torch.equal(logits, tree[node]), (dtype, parents, family, node)
+
+
+@pytest.mark.parametrize("engine", ["auto", "torch"])
+def test_a_tree_given_as_its_mask_verifies_as_its_layout_does(engine):
+    """Callers that pass `positions` and `tree_mask` get the same bits as those that pass a
+    layout; a mask with a layout, or a layout of another size, is refused."""
+    t = mtpspec.Target(tiny_model("llama").to(torch.bfloat16), engine=engine)
+    g = torch.Generator().manual_seed(1)
+    prompt, rows = torch.randint(4, 97, (1, 20), generator=g), torch.randint(4, 97, (1, len(SCATTERED) + 1), generator=g)
+    outs = []
+    for kw in ({"layout": TreeLayout.from_parents(SCATTERED)}, {"positions": positions(SCATTERED, 20), "tree_mask": tree_mask(SCATTERED)}):
+        cache = t.new_cache(64)
+        t.forward(prompt, cache)
+        outs.append(t.forward(rows, cache, hidden_layers=(-2, -1), **kw))
+        assert cache.length == 20 + rows.shape[1]
+    assert torch.equal(outs[0].logits, outs[1].logits) and torch.equal(outs[0].hidden, outs[1].hidden)
+    with pytest.raises(mtpspec.InputError, match="not both"):
+        t.forward(rows, t.new_cache(64), layout=TreeLayout.from_parents(SCATTERED), tree_mask=tree_mask(SCATTERED))
+    with pytest.raises(mtpspec.InputError, match="rows"):
+        t.forward(rows[:, :3], t.new_cache(64), layout=TreeLayout.from_parents(SCATTERED))

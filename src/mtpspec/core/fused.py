@@ -15,11 +15,13 @@ Every row is computed independently of the others (see fused.c), so
 the verify pass of k + 1 rows equals k + 1 one-row passes bit for bit, and a draft tree's row
 attends its ancestors where they lie, with no copies of the cache.
 
-It reads the model's weights by reference, as `Target` does (the stacked q/k/v and gate/up
-views, the norms, the tied LM head), and writes the same `KVCache` layout, so the head
-cross-attends it unchanged. What it computes is the model as torch rounds it in its dtype, up
-to the order of fp32 sums; plain decoding and speculative decoding both run it, so the guarantee
-(speculative greedy == plain greedy, token for token) is unchanged.
+It reads the model's weights by reference through their public description
+(`Target.weights()`, `weights.py`: the stacked q/k/v and gate/up views, the norms, the tied LM
+head), and writes the same `KVCache` layout, so the head cross-attends it unchanged. A draft
+tree comes as its `tree.TreeLayout`, each row's ancestors already listed in depth order. What
+it computes is the model as torch rounds it in its dtype, up to the order of fp32 sums; plain
+decoding and speculative decoding both run it, so the guarantee (speculative greedy == plain
+greedy, token for token) is unchanged.
 
 Used where `unsupported(target)` returns None; `MTPSPEC_FUSED=0` turns it off.
 """
@@ -33,13 +35,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from . import native
+from .rope import signed_sin
 
 if TYPE_CHECKING:
     from .head import MTPHead
-    from .target import KVCache, Target, TargetStep
+    from .target import KVCache, Target
+    from .tree import TreeLayout
+    from .weights import Norm, Projection
 
 SOURCE = Path(__file__).with_name("fused.c")
 _COMMON = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp", "-shared", "-fPIC")
@@ -124,15 +128,19 @@ def unsupported(target: Target) -> str | None:
     if getattr(cfg, "hidden_act", "silu") != "silu" or target.interleaved_rope or target.residual_multiplier != 1.0 \
             or target.attn_softcap is not None or target.head_dim % 2 or target.head_dim > 256:
         return "the fused forward needs SiLU, half-rotated RoPE, no residual multiplier or attention soft-cap, head dim <= 256"
-    for L in target._layers:
-        if not is_silu(L.act):
-            return f"the fused forward computes SiLU MLPs; a layer uses {type(L.act).__name__}"
-        if L.attn_out is not None or L.mlp_out is not None or L.q_norm is not None or L.rope not in ("", None):
+    weights = target.weights()
+    if not weights.llama_norms:
+        return "the fused forward computes Llama's RMSNorm"
+    for L in weights.layers:
+        if L.activation != "silu":
+            return f"the fused forward computes SiLU MLPs; a layer uses {L.activation}"
+        if L.attn_norm is None or L.mlp_norm is None or L.attn_out_norm is not None or L.mlp_out_norm is not None \
+                or L.q_norm is not None or L.rope not in ("", None):
             return "the fused forward needs pre-norm layers without q/k norms and one RoPE table"
     return None
 
 
-class _Weights:
+class _Pointers:
     """Pointers into a model's weights for a C struct, with what keeps them valid: each tensor's
     storage is held (a parameter given new data never frees what C reads), and `current` says
     whether every parameter still holds the data that was read."""
@@ -156,6 +164,14 @@ class _Weights:
         self.keep.append(arr)
         return ctypes.cast(arr, ctypes.POINTER(_P))
 
+    def projections(self, ps: list[Projection]) -> tuple[ctypes._Pointer, ctypes._Pointer]:
+        """(weights, biases): one table each, a layer per entry (a null bias: none)."""
+        return self.table([p.weight for p in ps]), self.table([p.bias for p in ps])
+
+    def norms(self, ns: list[Norm]) -> tuple[ctypes._Pointer, ctypes._Pointer]:
+        """(weights, epsilons): a layer per entry."""
+        return self.table([n.weight for n in ns]), self.array(ctypes.c_float, [n.eps for n in ns])
+
     def array(self, ctype: type, vals: list) -> ctypes._Pointer:
         arr = (ctype * len(vals))(*vals)
         self.keep.append(arr)
@@ -170,59 +186,48 @@ class FusedForward:
     set of weights: `Target` rebuilds it when its layers are read again)."""
 
     def __init__(self, target: Target):
-        from .target import _eps
-
         self.target = target
-        mods = target.model.model
-        layers = list(mods.layers)
-        Ls = target._layers
-        self.weights = W = _Weights(target.dtype)
+        weights = target.weights()
+        Ls = list(weights.layers)  # pre-norm layers (`unsupported`): attn_norm and mlp_norm are set
+        self.pointers = W = _Pointers(target.dtype)
         m = _Model(n_layers=len(Ls), D=target.hidden_size, H=target.num_heads, Hk=target.num_kv_heads,
-                   hd=target.head_dim, M=int(Ls[0].gate_up[0].shape[0]) // 2, V=target.vocab_size, S=0)
-        m.attn_norm = W.table([lay.input_layernorm.weight for lay in layers])
-        m.mlp_norm = W.table([lay.post_attention_layernorm.weight for lay in layers])
-        for name, attr in (("qkv", "qkv"), ("o", "o"), ("gu", "gate_up"), ("down", "down")):
-            setattr(m, "w" + name, W.table([getattr(L, attr)[0] for L in Ls]))
-            setattr(m, "b" + name, W.table([getattr(L, attr)[1] for L in Ls]))
-        m.attn_eps = W.array(ctypes.c_float, [_eps(lay.input_layernorm) for lay in layers])
-        m.mlp_eps = W.array(ctypes.c_float, [_eps(lay.post_attention_layernorm) for lay in layers])
+                   hd=target.head_dim, M=int(Ls[0].gate_up.weight.shape[0]) // 2, V=target.vocab_size, S=0)
+        m.attn_norm, m.attn_eps = W.norms([L.attn_norm for L in Ls])  # type: ignore[misc]
+        m.mlp_norm, m.mlp_eps = W.norms([L.mlp_norm for L in Ls])  # type: ignore[misc]
+        m.wqkv, m.bqkv = W.projections([L.qkv for L in Ls])
+        m.wo, m.bo = W.projections([L.o for L in Ls])
+        m.wgu, m.bgu = W.projections([L.gate_up for L in Ls])
+        m.wdown, m.bdown = W.projections([L.down for L in Ls])
         m.scale = W.array(ctypes.c_float, [L.scale for L in Ls])
-        m.rope = W.array(ctypes.c_int, [int(L.rope is not None) for L in Ls])
-        m.window = W.array(ctypes.c_int, [int(wd or 0) for wd in target.windows])
-        m.final_norm, m.final_eps = W.ptr(mods.norm.weight), _eps(mods.norm)
-        m.lm_w, m.lm_b = W.ptr(target.lm_head.weight), W.ptr(target.lm_head.bias)
+        m.rope = W.array(ctypes.c_int, [int(L.has_rope) for L in Ls])
+        m.window = W.array(ctypes.c_int, [L.window or 0 for L in Ls])
+        m.final_norm, m.final_eps = W.ptr(weights.final_norm.weight), weights.final_norm.eps
+        m.lm_w, m.lm_b = W.ptr(weights.lm_head.weight), W.ptr(weights.lm_head.bias)
         self.model = m
 
     def current(self) -> bool:
         """False once any weight read here was given new data (`param.data = ...`, a cast)."""
-        return self.weights.current()
+        return self.pointers.current()
 
-    def __call__(self, input_ids: torch.Tensor, cache: KVCache, hidden_layers: tuple[int, ...],
-                 positions: torch.Tensor | None, tree_mask: torch.Tensor | None, logits_to_keep: int) -> TargetStep:
-        from .target import TargetStep, signed_sin
-
+    def __call__(self, input_ids: torch.Tensor, cache: KVCache, hidden_layers: tuple[int, ...], positions: torch.Tensor,
+                 layout: TreeLayout | None, logits_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`Target.forward` once it has resolved its arguments (positions (T,), layout None for a
+        chain, room in the cache): (logits (1, Tk, V) float32, hidden (1, T, F))."""
         tgt = self.target
         so = _loaded(tgt.dtype)[0]
         assert so is not None
         T = int(input_ids.shape[1])
         start = cache.length
-        cache.reserve(start + T)
-        if cache._planes is not None or not (cache.keys.is_contiguous() and cache.values.is_contiguous()):
+        if cache.has_planes or not (cache.keys.is_contiguous() and cache.values.is_contiguous()):
             raise ValueError("the fused forward writes a plain contiguous cache (no tree planes)")
-        if positions is None:
-            positions = torch.arange(start, start + T)
         dt = tgt.dtype
         x = tgt.embed_tokens(input_ids)[0].to(dt).contiguous()  # (T, D): a fresh tensor, written in place
-        cos, sin = tgt._rope_table("", x, positions[None])  # (1, T, hd) each
+        cos, sin = tgt.rope_table(positions[None], x)  # (1, T, hd) each
         cos = cos[0].to(dt).contiguous()
         sin = signed_sin(sin[0]).to(dt).contiguous()
         pos = positions.to(torch.int32).contiguous()
-        nanc = anc = None
-        if tree_mask is not None and not bool((tree_mask == torch.ones_like(tree_mask).tril()).all()):
-            nanc = tree_mask.sum(-1).to(torch.int32).contiguous()  # (T,): ancestors + self
-            order = torch.arange(T).expand(T, T)
-            # each row's attended new rows first, in ascending (= depth) order: (T, T)
-            anc = torch.where(tree_mask, order, T).sort(-1).values.to(torch.int32).contiguous()
+        # a tree: each row's ancestors and itself, (T,) counts and (T, T) rows in depth order
+        nanc, anc = (None, None) if layout is None else (layout.nanc, layout.anc)
         n_feat = tgt.num_layers + 1
         want = sorted({i % n_feat for i in hidden_layers})
         fl = torch.tensor(want, dtype=torch.int32)
@@ -237,12 +242,7 @@ class FusedForward:
                          Tk, logits.data_ptr(), torch.get_num_threads())
         cache.length = start + T
         hidden = torch.cat([feats[want.index(i % n_feat)] for i in hidden_layers], -1)[None]  # (1, T, F)
-        return TargetStep(logits=tgt.finish_logits(logits)[None], hidden=hidden)
-
-
-def is_silu(act: nn.Module) -> bool:
-    """SiLU as torch or transformers names its module."""
-    return type(act).__name__ in ("SiLU", "SiLUActivation")
+        return tgt.finish_logits(logits)[None], hidden
 
 
 def head_unsupported(head: MTPHead) -> str | None:
@@ -263,16 +263,15 @@ class FusedHead:
     to the order of fp32 sums."""
 
     def __init__(self, head: MTPHead):
-        from .target import _eps
-
         tgt = head.target
+        final_norm = tgt.weights().final_norm
         blocks = list(head.blocks)
-        self.head, self.weights = head, (W := _Weights(tgt.dtype))
+        self.head, self.pointers = head, (W := _Pointers(tgt.dtype))
         M = blocks[0].mlp_hidden if blocks else 0
         h = _Head(D=tgt.hidden_size, H=tgt.num_heads, Hk=tgt.num_kv_heads, hd=tgt.head_dim, M=M, n_blocks=len(blocks),
-                  eps=head.norm_state.eps, final_eps=_eps(tgt.final_norm))
+                  eps=head.norm_state.eps, final_eps=final_norm.eps)
         h.norm_state, h.norm_embed = W.ptr(head.norm_state.weight), W.ptr(head.norm_embed.weight)
-        h.fc, h.final_norm = W.ptr(head.fc.weight), W.ptr(tgt.final_norm.weight)
+        h.fc, h.final_norm = W.ptr(head.fc.weight), W.ptr(final_norm.weight)
         h.norm_attn = W.table([b.norm_attn.weight for b in blocks])
         h.wq, h.wo = W.table([b.q_proj.weight for b in blocks]), W.table([b.o_proj.weight for b in blocks])
         h.norm_mlp = W.table([b.norm_mlp.weight if M else None for b in blocks])
@@ -283,7 +282,7 @@ class FusedHead:
         self.struct = h
 
     def current(self) -> bool:
-        return self.weights.current()
+        return self.pointers.current()
 
     def step(self, state: torch.Tensor, tokens: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
              cache: KVCache, layer: int, extra: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

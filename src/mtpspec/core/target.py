@@ -55,6 +55,9 @@ from transformers import PreTrainedModel
 from ..errors import InputError, UnsupportedModelError
 from . import fused
 from .kernels import KernelPlan, attention, choose_plan, linear
+from .rope import apply_rope, apply_rope_signed, signed_sin
+from .tree import TreeLayout
+from .weights import LayerWeights, Norm, Projection, TargetWeights
 
 # model_type -> human name. All run the one code path in `Target.forward`, their quirks read
 # off the modules (see the module docstring); each is checked against HF's forward and greedy
@@ -115,6 +118,11 @@ class KVCache:
     def capacity(self) -> int:
         return self.keys.shape[2]
 
+    @property
+    def has_planes(self) -> bool:
+        """Whether a tree verify made planes: keys and values are then views of plane 0."""
+        return self._planes is not None
+
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of layer i's committed keys and values, (1, Hk, length, hd): zero copy."""
         return self.keys[i, :, : self.length].unsqueeze(0), self.values[i, :, : self.length].unsqueeze(0)
@@ -171,34 +179,30 @@ class KVCache:
         return self._planes
 
 
-Norm = Callable[[torch.Tensor], torch.Tensor]
+NormFn = Callable[[torch.Tensor], torch.Tensor]
 Weights = tuple[torch.Tensor, torch.Tensor | None]  # (weight, bias)
 
 
 @dataclass(frozen=True)
 class _Layer:
-    """References to one decoder layer's weights and norms (no copies)."""
+    """One decoder layer as the torch path runs it: its weights (`LayerWeights`, the public
+    description the fused forward reads too) and the callables that compute its norms and
+    activation, all references (no copies)."""
 
-    attn_in: Norm | None  # before attention (None: OLMo 2 normalizes outputs only)
-    attn_out: Norm | None  # on attention's output, before the residual add (OLMo 2, Gemma)
-    mlp_in: Norm | None
-    mlp_out: Norm | None
-    qkv: Weights  # q, k and v stacked: (H * hd + 2 * Hk * hd, D), one matmul for the three
-    o: Weights
+    w: LayerWeights
+    attn_in: NormFn | None  # before attention (None: OLMo 2 normalizes outputs only)
+    attn_out: NormFn | None  # on attention's output, before the residual add (OLMo 2, Gemma)
+    mlp_in: NormFn | None
+    mlp_out: NormFn | None
     q_norm: nn.Module | None
     k_norm: nn.Module | None
-    qk_norm_whole: bool  # q/k norms over all heads at once, before the head split (OLMo 2)
-    scale: float  # attention scores are q.k * scale
-    rope: str | None  # which rotary table ("" = the model's only one); None = no RoPE here
-    gate_up: Weights  # gate and up stacked: (2 * M, D)
-    down: Weights
     act: nn.Module
     # The parameters that now live in qkv / gate_up (q and gate lead them): if either is given
     # new data (`model.to(dtype)`, a weight swapped in), the layer is read again.
     watch: tuple[torch.Tensor, torch.Tensor]
 
     def stale(self) -> bool:
-        return self.watch[0].data_ptr() != self.qkv[0].data_ptr() or self.watch[1].data_ptr() != self.gate_up[0].data_ptr()
+        return self.watch[0].data_ptr() != self.w.qkv.weight.data_ptr() or self.watch[1].data_ptr() != self.w.gate_up.weight.data_ptr()
 
 
 def _sliding_windows(cfg: object, model_type: str) -> list[int | None]:
@@ -267,45 +271,22 @@ def _eps(norm: nn.Module) -> float:
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
 
 
+def _norm_weights(norm: nn.Module | None) -> Norm | None:
+    return None if norm is None else Norm(weight=norm.weight, eps=_eps(norm))
+
+
+def _activation(act: nn.Module) -> str:
+    """"silu" for SiLU as torch or transformers names its module, else the module's class name."""
+    name = type(act).__name__
+    return "silu" if name in ("SiLU", "SiLUActivation") else name
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """As Llama-style families compute it (x * rsqrt(mean(x^2) + eps) in fp32, cast back,
     then scale), in two calls instead of six: torch's fused norm takes a bf16/fp16 input in
     fp32 and rounds once on the way out, as HF's casts do; bit-identical on the CPU
     (tests/test_target.py)."""
     return w * F.rms_norm(x, (x.shape[-1],), eps=eps)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
-    """x (..., T, hd) rotated by the (..., T, hd) tables HF's rotary module returns, as HF's
-    `apply_rotary_pos_emb` computes it, in x's dtype (OLMo 2's tables are fp32: the product is
-    taken in fp32 and cast back). interleaved: Helium rotates pairs (0, 1), (2, 3), ..., by
-    the first half of the table, each entry repeated twice."""
-    if interleaved:
-        half = cos.shape[-1] // 2
-        cos, sin = cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1)
-        rot = torch.stack((-x[..., 1::2], x[..., 0::2]), -1).flatten(-2)
-    else:
-        rot = rotate_half(x)
-    return (x * cos + rot * sin).to(x.dtype)
-
-
-def signed_sin(sin: torch.Tensor) -> torch.Tensor:
-    """HF's sin table with its first half negated: `apply_rope_signed`'s form of the table."""
-    half = sin.shape[-1] // 2
-    return torch.cat((-sin[..., :half], sin[..., half:]), -1)
-
-
-def apply_rope_signed(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """`apply_rope` (not interleaved) with the sign of rotate_half moved into the table, which a
-    forward negates once for all its layers: x2 * -s equals -x2 * s exactly (a sign flip
-    rounds nothing), so the result is bit-identical with one call fewer per layer."""
-    half = x.shape[-1] // 2
-    return (x * cos + torch.cat((x[..., half:], x[..., :half]), -1) * sin_signed).to(x.dtype)
 
 
 def _rope_parameters(cfg: object) -> list[dict]:
@@ -364,9 +345,9 @@ class Target:
         self.model_type: str = model_type
         self.interleaved_rope = model_type in _INTERLEAVED_ROPE
         self._rope_tables = _rope_tables_per_layer(cfg)
-        self._layers = [self._read_layer(i, layer) for i, layer in enumerate(model.model.layers)]
-        self._rope_keys = sorted({L.rope for L in self._layers if L.rope is not None})  # tables a forward computes
         self.windows = _sliding_windows(cfg, model_type)
+        self._layers = [self._read_layer(i, layer) for i, layer in enumerate(model.model.layers)]
+        self._rope_keys = sorted({L.w.rope for L in self._layers if L.w.rope is not None})  # tables a forward computes
         # Elementwise scales and caps (1.0 / None = absent): Granite's multipliers, Gemma 2's caps.
         self.embedding_multiplier = float(getattr(cfg, "embedding_multiplier", None) or 1.0)
         self.residual_multiplier = float(getattr(cfg, "residual_multiplier", None) or 1.0)
@@ -377,7 +358,7 @@ class Target:
         self._engine_choice = engine
         self._fused: tuple[torch.dtype, fused.FusedForward | None] | None = None  # (for dtype, the fused forward)
 
-    def _norm(self, module: nn.Module) -> Norm:
+    def _norm(self, module: nn.Module) -> NormFn:
         """A Llama-style RMSNorm as one fused call; any other norm through its own module."""
         if self.model_type in _LLAMA_NORM:
             return partial(rms_norm, w=module.weight, eps=_eps(module))
@@ -430,15 +411,35 @@ class Target:
             rope: str | None = self._rope_tables[i]
         else:
             rope = "" if getattr(a, "use_rope", True) else None  # SmolLM3: some layers have no RoPE
+        w = LayerWeights(
+            attn_norm=_norm_weights(attn_in), mlp_norm=_norm_weights(mlp_in),
+            attn_out_norm=_norm_weights(attn_out), mlp_out_norm=_norm_weights(mlp_out),
+            q_norm=_norm_weights(q_norm), k_norm=_norm_weights(k_norm), qk_norm_whole=whole,
+            qkv=Projection(*qkv), o=Projection(*_wb(a.o_proj)), gate_up=Projection(*gate_up),
+            down=Projection(*_wb(m.down_proj)), activation=_activation(act),
+            scale=float(getattr(a, "scaling", None) or self.head_dim**-0.5), rope=rope, window=self.windows[i],
+        )
         return _Layer(
+            w=w,
             attn_in=None if attn_in is None else self._norm(attn_in),
             attn_out=None if attn_out is None else self._norm(attn_out),
             mlp_in=None if mlp_in is None else self._norm(mlp_in),
             mlp_out=None if mlp_out is None else self._norm(mlp_out),
-            qkv=qkv, o=_wb(a.o_proj), q_norm=q_norm, k_norm=k_norm, qk_norm_whole=whole,
-            scale=float(getattr(a, "scaling", None) or self.head_dim**-0.5), rope=rope,
-            gate_up=gate_up, down=_wb(m.down_proj), act=act, watch=watch,
+            q_norm=q_norm, k_norm=k_norm, act=act, watch=watch,
         )
+
+    def _refresh(self) -> None:
+        """Read the layers again if the model was cast or given new weights since."""
+        if any(L.stale() for L in self._layers):
+            self._layers = [self._read_layer(i, layer) for i, layer in enumerate(self.model.model.layers)]
+            self._fused = None
+
+    def weights(self) -> TargetWeights:
+        """The decoder stack's weights after the embedding, by reference (`weights.py`): what
+        both forwards compute with."""
+        self._refresh()
+        return TargetWeights(layers=tuple(L.w for L in self._layers), final_norm=Norm(self.final_norm.weight, _eps(self.final_norm)),
+                             lm_head=Projection(self.lm_head.weight, self.lm_head.bias), llama_norms=self.model_type in _LLAMA_NORM)
 
     # -- the pieces the head shares by reference ------------------------------------------
     @property
@@ -472,21 +473,22 @@ class Target:
             z = torch.tanh(z / self.final_softcap) * self.final_softcap
         return z
 
-    def _rope_table(self, key: str, like: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """HF's rotary (cos, sin) at (B, T) positions, (B, T, hd) each, from table `key`."""
-        if key:  # Gemma 3: one table per layer type
-            return self.rotary_emb(like, positions, key)
+    def rope_table(self, positions: torch.Tensor, like: torch.Tensor, table: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+        """HF's rotary (cos, sin) at (B, T) positions, (B, T, hd) each, in `like`'s dtype, from
+        rotary table `table` (a `LayerWeights.rope`: "" = the model's only one)."""
+        if table:  # Gemma 3: one table per layer type
+            return self.rotary_emb(like, positions, table)
         return self.rotary_emb(like, position_ids=positions)
 
     def rope(self, positions: torch.Tensor, like: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The rotary (cos, sin), (B, T, hd) each, that layer `layer` applies to its keys at (B, T)
         positions (cos = 1, sin = 0 in a layer without RoPE); rotate with `apply_rope(x, cos, sin,
         target.interleaved_rope)`."""
-        key = self._layers[self.layer_index(layer)].rope
+        key = self._layers[self.layer_index(layer)].w.rope
         if key is None:
             ones = like.new_ones(*positions.shape, self.head_dim)
             return ones, torch.zeros_like(ones)
-        return self._rope_table(key, like, positions)
+        return self.rope_table(positions, like, key)
 
     @property
     def hidden_size(self) -> int:
@@ -529,9 +531,9 @@ class Target:
     def plan(self) -> KernelPlan:
         """The kernels this machine runs row-invariantly and fastest (measured once, cached)."""
         if self.dtype not in self._plans:  # keyed by dtype: the model may be cast after wrapping
-            L = self._layers[0]
+            L = self._layers[0].w
             uses: dict[tuple[int, int], int] = {}
-            for w in (L.qkv[0], L.o[0], L.gate_up[0], L.down[0]):
+            for w in (L.qkv.weight, L.o.weight, L.gate_up.weight, L.down.weight):
                 shape = (int(w.shape[0]), int(w.shape[1]))
                 uses[shape] = uses.get(shape, 0) + self.num_layers
             head_shape = (self.vocab_size, self.hidden_size)
@@ -600,34 +602,50 @@ class Target:
         positions: torch.Tensor | None = None,
         tree_mask: torch.Tensor | None = None,
         logits_to_keep: int = 0,
+        layout: TreeLayout | None = None,
     ) -> TargetStep:
         """Run T new tokens against the cache; they are appended at slots length..length+T-1.
 
-        positions (T,): their positions in the text (default length..length+T-1, a chain).
-        tree_mask (T, T) bool: which new tokens each new token may attend (default causal);
-        all committed slots are always visible. logits_to_keep=n computes the LM head for the
-        last n rows only (0 = all): the LM head is the largest matmul.
+        layout: the draft tree the T rows form (`tree.TreeLayout`, built once per round by
+        `decode.step`); None, or a chain's layout, is a chain: each row attends the rows before
+        it. tree_mask (T, T) bool: the same tree given as its mask (`tree.tree_mask`) instead.
+        All committed slots are always visible.
+        positions (T,): their positions in the text (default: the layout's from the root at
+        `cache.length`; a chain's length..length+T-1).
+        logits_to_keep=n computes the LM head for the last n rows only (0 = all): the LM head is
+        the largest matmul.
         hidden_layers: which features to return, indices into (embeddings, layer 1 input, ...,
         final normed output) as HF's `output_hidden_states` counts them (-1 = the final one)."""
         B, T = input_ids.shape
         if B != 1:
             raise InputError(f"mtpspec decodes one sequence at a time; got a batch of {B}.")
-        if any(L.stale() for L in self._layers):  # the model was cast or given new weights since
-            self._layers = [self._read_layer(i, layer) for i, layer in enumerate(self.model.model.layers)]
-            self._fused = None
-        if (run := self._fused_forward()) is not None:
-            return run(input_ids, cache, hidden_layers, positions, tree_mask, logits_to_keep)
+        if tree_mask is not None:
+            if layout is not None:
+                raise InputError("forward takes a tree as layout or as tree_mask, not both.")
+            layout = TreeLayout.from_mask(tree_mask)
+        if layout is not None and layout.rows != T:
+            raise InputError(f"the tree layout has {layout.rows} rows, but {T} tokens were given.")
         start = cache.length
-        cache.reserve(start + T)
-        S = cache.capacity
-        dev = input_ids.device
         if positions is None:
-            positions = torch.arange(start, start + T, device=dev)
+            positions = torch.arange(start, start + T) if layout is None else layout.positions(start)
+        positions = positions.to(input_ids.device)  # (T,)
+        if layout is not None and layout.is_chain:
+            layout = None  # a tree that is a chain verifies as one
+        self._refresh()
+        cache.reserve(start + T)
+        if (run := self._fused_forward()) is not None:
+            logits, hidden = run(input_ids, cache, hidden_layers, positions, layout, logits_to_keep)
+            return TargetStep(logits=logits, hidden=hidden)
+        return self._torch_forward(input_ids, cache, hidden_layers, positions, layout, logits_to_keep)
+
+    def _torch_forward(self, input_ids: torch.Tensor, cache: KVCache, hidden_layers: tuple[int, ...],
+                       positions: torch.Tensor, layout: TreeLayout | None, logits_to_keep: int) -> TargetStep:
+        """`forward` op by op; layout None = a chain."""
+        T = input_ids.shape[1]
+        start, S, dev = cache.length, cache.capacity, input_ids.device
         slots = torch.arange(S, device=dev)
-        rows_ok = None if tree_mask is None else (tree_mask == torch.ones_like(tree_mask).tril()).all(-1).tolist()  # (T,)
-        if rows_ok is not None and all(rows_ok):
-            tree_mask = None  # a tree that is a chain verifies as one
-        if tree_mask is None:  # (T, S): every committed slot, then the new ones causally
+        tree = layout is not None
+        if layout is None:  # (T, S): every committed slot, then the new ones causally
             mask = slots[None, :] <= start + torch.arange(T, device=dev)[:, None]
         else:
             # A tree row must see exactly the slots, order and shapes it would see if its path
@@ -638,9 +656,7 @@ class Target:
             # ordered spine first: `tree.spine_first`) already have that layout in the cache
             # itself, and attend it directly as a chain verify does; every later row reads its
             # own copy of it.
-            assert rows_ok is not None  # rows whose mask row is causal; not all of them (see above)
-            C = rows_ok.index(False)  # leading rows that attend the cache as it is
-            seen = tree_mask.sum(-1).tolist()  # ancestors + self, per row
+            C = layout.spine  # leading rows that attend the cache as it is
             # All rows then run as ONE attention call over P planes of W query rows each. The
             # rows are cut into chains (each row continues its parent's chain if it is the first
             # to do so): plane 0 is the spine on the cache layout itself, every other chain gets
@@ -650,11 +666,10 @@ class Target:
             # pad the shape). One call for all rows, and one copy per branch rather than per
             # row, keep a branch's price near its copy: the per-call overhead is most of an
             # attention's cost at these sizes.
-            parent = [-1] + [int(tree_mask[r, :r].nonzero()[-1]) for r in range(1, T)]  # (T,) nearest ancestor
             chains = [list(range(C))]  # the spine: the cache as it is, which no later row continues
             tail: dict[int, int] = {}  # last row of a gathered chain -> its chain
             for r in range(C, T):
-                j = tail.pop(parent[r], None)
+                j = tail.pop(layout.parents[r - 1] + 1, None)  # the chain ending at r's parent row
                 if j is None:
                     j = len(chains)
                     chains.append([])
@@ -669,18 +684,17 @@ class Target:
             nkv = self.num_kv_heads
             dst, src = [], []
             for j, ch in enumerate(chains[1:], 1):
-                path = tree_mask[ch[-1]].nonzero()[:, 0].tolist()
+                path = layout.anc[ch[-1], : int(layout.nanc[ch[-1]])].tolist()
                 dst += [(j * nkv + h) * S + start + d for h in range(nkv) for d in range(len(path))]
                 src += [h * S + start + r for h in range(nkv) for r in path]
             dst_t, src_t = torch.tensor(dst, device=dev), torch.tensor(src, device=dev)  # rows of (P' * Hk * S, hd)
             qrows = torch.tensor([ch[min(w, len(ch) - 1)] for ch in chains for w in range(W)], device=dev)  # (P * W,)
             where = {r: j * W + w for j, ch in enumerate(chains) for w, r in enumerate(ch)}
             out_rows = torch.tensor([where[r] for r in range(T)], device=dev)  # (T,): row r's place in (P * W)
-            mask = slots[None, :] < start + torch.tensor(seen, device=dev)[:, None]  # (T, S)
+            mask = slots[None, :] < start + layout.nanc.to(dev, torch.long)[:, None]  # (T, S)
         # In the attention layout a key's slot is its position (chain: by construction; tree:
         # the gathered layout), so a sliding window is one more mask condition.
         masks = {w: mask if w is None else mask & (slots[None, :] > positions[:, None] - w) for w in set(self.windows)}
-        tree = tree_mask is not None
         if tree:
             plane_masks = {w: m[qrows].view(P, W, S) for w, m in masks.items()}  # (P, W, S)
         plan = self.plan
@@ -690,50 +704,51 @@ class Target:
         x = self.embed_tokens(input_ids)[0]  # (T, D)
         ropes = {}  # rotary table -> (cos, sin), (1, 1, T, hd) each; sin signed unless interleaved
         for key in self._rope_keys:
-            cos, sin = self._rope_table(key, x, positions[None])  # (1, T, hd) each
+            cos, sin = self.rope_table(positions[None], x, key)  # (1, T, hd) each
             ropes[key] = cos[:, None], (sin if self.interleaved_rope else signed_sin(sin))[:, None]
         n_feat = self.num_layers + 1
         want = {i % n_feat for i in hidden_layers}
         feats: dict[int, torch.Tensor] = {}
         for i, L in enumerate(self._layers):
+            w = L.w
             if i in want:
                 feats[i] = x
             # attention
             h = x if L.attn_in is None else L.attn_in(x)  # (T, D)
-            q, k, v = linear(h, *L.qkv, plan.linear).split([H * hd, Hk * hd, Hk * hd], -1)  # (T, H * hd), (T, Hk * hd) x 2
+            qkv = linear(h, w.qkv.weight, w.qkv.bias, plan.linear)  # (T, H * hd + 2 * Hk * hd)
+            q, k, v = qkv.split([H * hd, Hk * hd, Hk * hd], -1)  # (T, H * hd), (T, Hk * hd) x 2
             v = v.view(T, Hk, hd)
-            if L.qk_norm_whole:
+            if w.qk_norm_whole:
                 q, k = L.q_norm(q), L.k_norm(k)  # type: ignore[misc]
             q, k = q.view(T, H, hd), k.view(T, Hk, hd)
-            if L.q_norm is not None and not L.qk_norm_whole:
+            if L.q_norm is not None and not w.qk_norm_whole:
                 q, k = L.q_norm(q), L.k_norm(k)  # type: ignore[misc]
             qk = torch.cat([q, k], 1).transpose(0, 1)[None]  # (1, H + Hk, T, hd): one RoPE for both
-            if L.rope is not None:
-                cos, sin = ropes[L.rope]
+            if w.rope is not None:
+                cos, sin = ropes[w.rope]
                 qk = apply_rope(qk, cos, sin, True) if self.interleaved_rope else apply_rope_signed(qk, cos, sin)
             q, k = qk[:, :H], qk[:, H:]  # (1, H, T, hd), (1, Hk, T, hd)
             cache.keys[i, :, start:start + T] = k[0]
             cache.values[i, :, start:start + T] = v.transpose(0, 1)
-            m = masks[self.windows[i]]  # (T, S)
             if not tree:
-                a = attention(q, cache.keys[i][None], cache.values[i][None], m, L.scale, plan.attention, cap)[0]  # (H, T, hd)
+                a = attention(q, cache.keys[i][None], cache.values[i][None], masks[w.window], w.scale, plan.attention, cap)[0]  # (H, T, hd)
             else:  # one call over the P planes (see above)
                 kp, vp = kplanes[i, :P], vplanes[i, :P]  # (P, Hk, S, hd) each, contiguous
                 for t in (kplanes[i], vplanes[i]):
                     flat = t.view(Pn * Hk * S, hd)
                     flat.index_copy_(0, dst_t, flat.index_select(0, src_t))
                 qp = q[0].index_select(1, qrows).view(H, P, W, hd).transpose(0, 1).contiguous()  # (P, H, W, hd)
-                ap = attention(qp, kp, vp, plane_masks[self.windows[i]], L.scale, plan.attention, cap)  # (P, H, W, hd)
+                ap = attention(qp, kp, vp, plane_masks[w.window], w.scale, plan.attention, cap)  # (P, H, W, hd)
                 a = ap.transpose(0, 1).reshape(H, P * W, hd).index_select(1, out_rows)  # (H, T, hd)
-            out = linear(a.transpose(0, 1).reshape(T, H * hd), *L.o, plan.linear)  # (T, D)
+            out = linear(a.transpose(0, 1).reshape(T, H * hd), w.o.weight, w.o.bias, plan.linear)  # (T, D)
             if L.attn_out is not None:
                 out = L.attn_out(out)
             x = x + (out if rm == 1.0 else out * rm)
             # MLP
             h = x if L.mlp_in is None else L.mlp_in(x)
-            gate, up = linear(h, *L.gate_up, plan.linear).chunk(2, -1)  # (T, M) each
+            gate, up = linear(h, w.gate_up.weight, w.gate_up.bias, plan.linear).chunk(2, -1)  # (T, M) each
             g = L.act(gate) * up
-            out = linear(g, *L.down, plan.linear)  # (T, D)
+            out = linear(g, w.down.weight, w.down.bias, plan.linear)  # (T, D)
             if L.mlp_out is not None:
                 out = L.mlp_out(out)
             x = x + (out if rm == 1.0 else out * rm)
