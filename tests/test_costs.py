@@ -1,12 +1,17 @@
-"""Choosing k from measured costs: the arithmetic, and a real (tiny) measurement."""
+"""Choosing k from measured costs: the arithmetic, and a real (tiny) measurement; the memory
+bandwidth and the bytes a forward reads, the limit set beside it."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 from conftest import tiny_model
 
 from mtpspec import HeadConfig, MTPHead, Target
+from mtpspec.errors import InputError
+from mtpspec.measure import bandwidth
 from mtpspec.measure.costs import Costs, expected_tokens, measure_costs, pick_k, predicted_speedup, predicted_speedups
 
 
@@ -46,3 +51,55 @@ def test_measure_costs_runs_on_a_tiny_target():
     assert c.draft_vocab == 97 and c.context == 16 and c.dtype == "float32"
     small = MTPHead.for_target(model, HeadConfig(draft_vocab_size=32), draft_ids=torch.arange(32))
     assert measure_costs(Target(model), small, max_n=1, context=8, reps=1).draft_vocab == 32
+
+
+# -- the bandwidth limit ----------------------------------------------------------------------
+def test_bandwidth_is_a_positive_finite_rate_with_either_kernel():
+    kernels = ["torch"] + (["c"] if bandwidth._library()[0] is not None else [])
+    for kernel in kernels:
+        b = bandwidth.measure_bandwidth(1 << 20, passes=2, threads=1, kernel=kernel)
+        assert b.kernel == kernel and b.buffer_bytes == 1 << 20 and b.passes == 2 and b.threads == 1
+        assert 0 < b.bytes_per_s < math.inf and b.median_bytes_per_s <= b.bytes_per_s
+    with pytest.raises(InputError, match="kernel must be one of"):
+        bandwidth.measure_bandwidth(1 << 20, kernel="numpy")
+
+
+def test_bytes_per_forward_are_the_weight_matrices_it_reads():
+    model = tiny_model("llama")  # tied: the LM head is the embedding, counted once
+    matrices = [p for p in model.parameters() if p.dim() == 2]
+    assert bandwidth.forward_bytes(bandwidth.forward_matrices(Target(model))) == sum(p.nbytes for p in matrices)
+    untied = tiny_model("llama", tie_word_embeddings=False)  # the embedding is gathered, not streamed
+    expected = sum(p.nbytes for p in untied.parameters() if p.dim() == 2) - untied.model.embed_tokens.weight.nbytes
+    assert bandwidth.forward_bytes(bandwidth.forward_matrices(Target(untied))) == expected
+
+
+def test_a_quantized_matrix_counts_its_stored_blocks():
+    QTensor = pytest.importorskip("mtpspec.core.quant").QTensor
+    q8 = QTensor(qtype=8, shape=(4, 64), data=torch.zeros(4, 2 * 34, dtype=torch.uint8))  # Q8_0: 34 bytes per 32
+    assert bandwidth.matrix_bytes(q8) == 4 * 2 * 34
+    dense = torch.zeros(3, 64, dtype=torch.bfloat16)
+    assert bandwidth.forward_bytes([q8, (q8, dense)]) == 2 * 4 * 2 * 34 + 3 * 64 * 2  # parts stacked as one matrix
+    with pytest.raises(TypeError, match="not a weight matrix"):
+        bandwidth.matrix_bytes("q8")
+
+
+def test_the_limit_is_bytes_over_bandwidth_beside_the_measured_forward():
+    bw = bandwidth.Bandwidth(bytes_per_s=20e9, median_bytes_per_s=18e9, buffer_bytes=1 << 30, passes=5, threads=2,
+                             kernel="c")
+    m = bandwidth.MemoryLimit(weight_bytes=270_000_000, bandwidth=bw, forward_s=0.0162)
+    assert m.limit_s == pytest.approx(0.0135) and m.ratio == pytest.approx(1.2)
+    d = m.to_dict()
+    assert d["bandwidth_limit_ms"] == pytest.approx(13.5) and d["forward_over_limit"] == pytest.approx(1.2)
+    assert "270.0 MB" in m.line() and "20.0 GB/s" in m.line() and "1.20x the limit" in m.line()
+
+
+def test_measure_costs_sets_the_forward_beside_its_bandwidth_limit():
+    model = tiny_model("llama")
+    target = Target(model)
+    c = measure_costs(target, MTPHead.for_target(model), max_n=1, context=8, reps=1, bandwidth_bytes=1 << 20)
+    assert c.memory is not None and c.memory.forward_s == c.verify_s[1]
+    assert c.memory.weight_bytes == sum(p.nbytes for p in model.parameters() if p.dim() == 2)
+    assert 0 < c.memory.limit_s < math.inf and 0 < c.memory.ratio < math.inf
+    assert measure_costs(target, MTPHead.for_target(model), max_n=1, context=8, reps=1).memory is None
+    with pytest.raises(InputError, match="--bandwidth-mib must be >= 0"):
+        measure_costs(target, MTPHead.for_target(model), max_n=1, context=8, reps=1, bandwidth_bytes=-1)

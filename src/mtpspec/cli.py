@@ -311,9 +311,13 @@ def costs(
                                     "also predict the speed-up of each k and pick the best."),
     save_k: bool = typer.Option(False, "--save-k", help="With --acceptance: store the picked k in the head's "
                                 "mtp_head.json as its recommended k for this dtype."),
+    bandwidth_mib: int = typer.Option(1024, "--bandwidth-mib", help="Measure the memory bandwidth by streaming a "
+                                      "buffer of this many MiB (far beyond the last-level cache) and set a forward "
+                                      "beside its bandwidth limit; 0 = skip."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Measure a target forward over n tokens and a head draft step on this machine."""
+    """Measure a target forward over n tokens and a head draft step on this machine, and the
+    memory bandwidth: the bytes a forward reads over it are the fastest a forward can be."""
     import torch
 
     from .config import HeadConfig
@@ -335,7 +339,7 @@ def costs(
         mtp, head_dir = choice.head, choice.directory
     if save_k and head_dir is None:
         raise InputError("--save-k needs a saved head (--head DIR, or the shipped one).")
-    c = measure_costs(tgt, mtp, max_n=max_n, context=context, reps=reps)
+    c = measure_costs(tgt, mtp, max_n=max_n, context=context, reps=reps, bandwidth_bytes=bandwidth_mib * 2**20)
     speedups = predicted_speedups(c, rates) if rates else {}
     best = pick_k(c, rates) if rates else None
     if save_k and head_dir is not None:
@@ -347,7 +351,8 @@ def costs(
                                "draft_step_ms": c.draft_step_s * 1e3, "draft_vocab": c.draft_vocab,
                                "tree_verify_ms": c.tree_verify_s * 1e3 if c.tree_verify_s else None,
                                "round_costs": dataclasses.asdict(rc) if rc else None,
-                               "predicted_speedup": speedups, "best_k": best}))
+                               "predicted_speedup": speedups, "best_k": best,
+                               "memory": c.memory.to_dict() if c.memory else None}))
         return
     typer.echo(f"{loaded.name} {c.dtype}, {c.context} cached tokens, {torch.get_num_threads()} threads")
     for n, v in c.verify_s.items():
@@ -357,6 +362,8 @@ def costs(
     if rc is not None and c.tree_verify_s is not None:
         typer.echo(f"  tree verify (spine of 4 + 3 siblings, 4 planes): {c.tree_verify_s * 1e3:.2f} ms; cost-shaped "
                    f"tree prices here: RoundCosts(row={rc.row:.3f}, plane={rc.plane:.3f}, step={rc.step:.3f})")
+    if c.memory is not None:
+        typer.echo(c.memory.line())
     if rates:
         typer.echo(f"  acceptance per position: {', '.join(f'{a:.2f}' for a in rates)}")
         for k, v in speedups.items():

@@ -6,7 +6,8 @@ conditional acceptance rate at draft position i. The best k maximises tokens per
 
     speedup(k) = E[tokens | k] / (verify(k + 1) / verify(1) + k * draft_step / verify(1))
 
-Everything here is measured (median of repeated timings), never assumed.
+Everything here is measured (median of repeated timings), never assumed. Beside it, the physical
+limit: the bytes of weights a forward reads over this machine's memory bandwidth (`bandwidth.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..core.head import MTPHead
 from ..core.target import Target
 from ..core.tree import positions, tree_mask
 from ..errors import InputError
+from .bandwidth import MemoryLimit, forward_bytes, forward_matrices, measure_bandwidth
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class Costs:
     # None when max_n is too small for the tree.
     tree_verify_s: float | None = None
     tree_step_s: float | None = None
+    # The one-token forward beside its bandwidth limit; None when the bandwidth was not measured.
+    memory: MemoryLimit | None = None
 
     def relative(self, n: int) -> float:
         return self.verify_s[n] / self.verify_s[1]
@@ -70,9 +74,13 @@ def _median_time(fn: Callable[[], object], reps: int) -> float:
 
 
 @torch.no_grad()
-def measure_costs(target: Target, head: MTPHead, max_n: int = 9, context: int = 256, reps: int = 15) -> Costs:
+def measure_costs(target: Target, head: MTPHead, max_n: int = 9, context: int = 256, reps: int = 15,
+                  bandwidth_bytes: int = 0) -> Costs:
     """Time one target forward over n = 1..max_n new tokens after `context` cached tokens,
-    and one head draft step, on this machine."""
+    and one head draft step, on this machine; with bandwidth_bytes > 0, also stream a buffer of
+    that size to measure the memory bandwidth, and set the one-token forward beside its limit."""
+    if bandwidth_bytes < 0:
+        raise InputError(f"--bandwidth-mib must be >= 0 (0 = skip the bandwidth), got {bandwidth_bytes // 2**20}.")
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, target.vocab_size, (1, context + max_n), generator=g)
     # sized as decoding sizes it (attention spans every slot, so the capacity is part of the cost)
@@ -101,8 +109,12 @@ def measure_costs(target: Target, head: MTPHead, max_n: int = 9, context: int = 
         tree = TreeDrafter(head, FIXED_TREE)  # width 3, beam 4: every depth a batched step
         tree_step = _median_time(lambda: tree.ranked_nodes(inp, k), reps) / k
     vocab = head.draft_ids.numel() if head.draft_ids is not None else target.vocab_size
+    memory = None
+    if bandwidth_bytes > 0:
+        memory = MemoryLimit(weight_bytes=forward_bytes(forward_matrices(target)),
+                             bandwidth=measure_bandwidth(bandwidth_bytes), forward_s=verify[1])
     return Costs(context=context, verify_s=verify, draft_step_s=step, dtype=str(target.dtype).removeprefix("torch."),
-                 draft_vocab=vocab, tree_verify_s=tree_s, tree_step_s=tree_step)
+                 draft_vocab=vocab, tree_verify_s=tree_s, tree_step_s=tree_step, memory=memory)
 
 
 def expected_tokens(position_acceptance: list[float], k: int) -> float:
