@@ -1,3 +1,6 @@
+# Historical: ran on commit 726250b (2026-12-01); imports internals that have since changed; kept as the record.
+# (fp32 now runs the fused forward where the CPU has AVX-512F, so swapping native.rowdot's kernel no longer
+# changes what a target forward runs.)
 """fp32 target forwards with mtpspec's 16-lane (AVX-512F) and 8-lane (AVX2) row-invariant
 matmul kernels, side by side in one process: `python reports/bench/bench-fused/ab_fp32_rowdot.py`."""
 
