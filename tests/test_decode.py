@@ -8,6 +8,7 @@ import torch
 from conftest import FAMILIES, OracleDrafter, hf_greedy, tiny_model
 
 import mtpspec
+from mtpspec.core.drafters import TreeDrafter
 
 
 def _prompt(length: int, seed: int) -> torch.Tensor:
@@ -93,6 +94,32 @@ def test_max_new_tokens_reached_mid_draft(max_new):
     assert out.stats.new_tokens == max_new
     # a perfect oracle: every position that was checked passed, even in capped final rounds
     assert all(r == 1.0 for r, c in zip(out.stats.position_acceptance, out.stats.pos_checked) if c)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_each_round_says_which_of_its_tokens_were_accepted_drafts(tree):
+    """What streaming needs from `step`: the rounds, joined, are the new tokens; in each, the
+    accepted drafts come first, as many as the stats count, then the target's own token (unless
+    max_new_tokens cut it); a round reads as the list of its ids."""
+    model = tiny_model("llama")
+    ids = _prompt(7, 5)
+    ref = hf_greedy(model, ids, 33, eos=[])
+    t = mtpspec.Target(model)
+    oracle = OracleDrafter(ref[0].tolist(), vocab=97, seed=3)
+    drafter = TreeDrafter(mtpspec.MTPHead.for_target(t)) if tree else oracle
+    state, first = mtpspec.prefill(t, ids, 33, drafter.hidden_layers, eos_token_id=[], num_draft_tokens=4)
+    assert isinstance(first, mtpspec.Round) and first.drafted == (False,) and first.accepted == 0
+    rounds = [first]
+    while not state.done:
+        passed = sum(state.stats.pos_passed)
+        r = mtpspec.step(t, drafter, state, 4)
+        assert r.accepted == sum(state.stats.pos_passed) - passed
+        assert r.drafted == (True,) * r.accepted + (False,) * (len(r) - r.accepted) and len(r) - r.accepted <= 1
+        assert list(r) == list(r.tokens) and r[-1] == r.tokens[-1] and len(r) >= 1
+        rounds.append(r)
+    assert [tok for r in rounds for tok in r] == state.new_tokens == ref[0, 7:].tolist()
+    assert sum(r.accepted for r in rounds) > 0  # some drafts were accepted, so the flags were tested
+    assert len(mtpspec.step(t, drafter, state, 4)) == 0  # done: an empty round
 
 
 def test_k_zero_is_plain_decoding():

@@ -327,7 +327,7 @@ def test_head_rotates_queries_as_its_kv_layer_rotated_the_keys(family):
     import importlib
 
     from mtpspec import HeadConfig
-    from mtpspec.core.target import apply_rope
+    from mtpspec.core.rope import apply_rope
 
     name = family.removesuffix("_text")
     hf = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
@@ -353,7 +353,7 @@ def test_head_rotates_queries_as_its_kv_layer_rotated_the_keys(family):
 def test_cache_planes_copy_only_new_slots_and_follow_keep():
     """Planes hold the committed slots of the cache (plane 0 is the cache itself); a later call
     brings them up to date after the cache grew, and `keep` marks moved slots stale."""
-    from mtpspec.core.target import KVCache
+    from mtpspec.core.cache import KVCache
 
     g = torch.Generator().manual_seed(0)
     keys, values = torch.randn(2, 3, 64, 4, generator=g), torch.randn(2, 3, 64, 4, generator=g)

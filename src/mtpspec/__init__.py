@@ -2,11 +2,12 @@
 multi-token-prediction head that cross-attends to the target's own KV cache."""
 
 from .config import HeadConfig, SamplingConfig
-from .core.decode import DecodeState, GenerateOutput, generate, prefill, step
+from .core.cache import KVCache
+from .core.decode import DecodeState, GenerateOutput, Round, generate, prefill, step
 from .core.draft import Draft, Drafter, DraftInput
 from .core.head import MTPHead
 from .core.stats import DecodeStats
-from .core.target import SUPPORTED, KVCache, Target
+from .core.target import SUPPORTED, Target
 from .errors import DataError, HeadMismatchError, InputError, MtpspecError, UnsupportedModelError
 
 __version__ = "0.1.0"
@@ -26,6 +27,7 @@ __all__ = [
     "KVCache",
     "MTPHead",
     "MtpspecError",
+    "Round",
     "SamplingConfig",
     "Target",
     "UnsupportedModelError",

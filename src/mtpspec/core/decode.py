@@ -20,14 +20,15 @@ import torch
 
 from ..config import SamplingConfig
 from ..errors import InputError
+from .cache import KVCache
 from .draft import Draft, Drafter, DraftInput
 from .drafters import TreeDrafter
 from .head import MTPHead
 from .kernels import R_MAX
 from .sampling import make_generator, probs_from_logits, sample
 from .stats import DecodeStats
-from .target import KVCache, Target
-from .tree import depths, positions, spine_first, tree_mask
+from .target import Target
+from .tree import TreeLayout, spine_first
 from .verify import accept
 
 MAX_TREE_SLACK = 64  # cache slots past prompt + max_new_tokens that a verify pass may use
@@ -58,6 +59,32 @@ class DecodeState:
         return self.tokens.shape[1] - self.prompt_length
 
 
+@dataclass(frozen=True)
+class Round(Sequence[int]):
+    """What one round emitted, already appended to the state: its tokens in order and, for each,
+    whether it was a draft the target accepted. Accepted drafts come first; the target's own
+    token, when the round kept it (not cut by EOS or max_new_tokens), comes last. A round is a
+    sequence of its token ids, so `for tok in step(...)` reads as before."""
+
+    tokens: tuple[int, ...]
+    drafted: tuple[bool, ...]  # per token: an accepted draft (True) or the target's own (False)
+
+    def __post_init__(self) -> None:
+        if len(self.drafted) != len(self.tokens):
+            raise ValueError(f"a round of {len(self.tokens)} tokens needs as many drafted flags, got {len(self.drafted)}")
+
+    @property
+    def accepted(self) -> int:
+        """How many of the tokens were accepted drafts."""
+        return sum(self.drafted)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+        return self.tokens[i]
+
+
 @dataclass
 class GenerateOutput:
     sequences: torch.Tensor  # (1, T + n): prompt then new tokens, as HF generate returns
@@ -81,8 +108,9 @@ def _pick(logits: torch.Tensor, sampling: SamplingConfig, gen: torch.Generator |
     return int(sample(probs_from_logits(logits[None], sampling), gen))
 
 
-def _emit(state: DecodeState, accepted: list[int]) -> list[int]:
-    """Append accepted tokens, stopping at the first EOS and at max_new_tokens."""
+def _emit(state: DecodeState, accepted: list[int], drafted: int = 0) -> Round:
+    """Append a round's tokens (its first `drafted` are accepted drafts), stopping at the first
+    EOS and at max_new_tokens."""
     for j, tok in enumerate(accepted):
         if tok in state.eos:
             accepted = accepted[: j + 1]
@@ -91,7 +119,7 @@ def _emit(state: DecodeState, accepted: list[int]) -> list[int]:
     state.tokens = torch.cat([state.tokens, state.tokens.new_tensor([accepted])], dim=1)
     state.stats.new_tokens = state.num_new
     state.done = accepted[-1] in state.eos or state.num_new >= state.max_new_tokens
-    return accepted
+    return Round(tokens=tuple(accepted), drafted=tuple(j < drafted for j in range(len(accepted))))
 
 
 @torch.no_grad()
@@ -103,8 +131,9 @@ def prefill(
     sampling: SamplingConfig | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     num_draft_tokens: int = 0,
-) -> tuple[DecodeState, list[int]]:
-    """Run the prompt once and pick the first new token. Returns the state and that token."""
+) -> tuple[DecodeState, Round]:
+    """Run the prompt once and pick the first new token. Returns the state and that token (a
+    `Round` of one, the target's own)."""
     sampling = sampling or SamplingConfig()
     input_ids = _check_input(input_ids, target)
     if max_new_tokens < 1:
@@ -127,12 +156,13 @@ def prefill(
 
 
 @torch.no_grad()
-def step(target: Target, drafter: Drafter | None, state: DecodeState, num_draft_tokens: int) -> list[int]:
-    """One round: draft, verify in one target forward, accept, roll back. Returns the tokens
-    it emitted (at least one: the target's own), already appended to `state`."""
+def step(target: Target, drafter: Drafter | None, state: DecodeState, num_draft_tokens: int) -> Round:
+    """One round: draft, verify in one target forward, accept, roll back. Returns what it
+    emitted, already appended to `state`: the accepted drafts and the target's own token (at
+    least one token; none once `state.done`)."""
     _check_draft_count(num_draft_tokens)
     if state.done:
-        return []
+        return Round(tokens=(), drafted=())
     # Never draft past max_new_tokens: the round always adds the target's own token too.
     k = min(num_draft_tokens if drafter is not None else 0, state.max_new_tokens - state.num_new - 1)
     L = state.cache.length
@@ -148,14 +178,13 @@ def step(target: Target, drafter: Drafter | None, state: DecodeState, num_draft_
         draft = Draft(tokens=state.tokens.new_empty(0))
     draft = _spine_first(draft)  # a tree's likeliest path verifies on the cache itself, uncopied
     parents = draft.parent_list()
+    # A tree's positions, masks and ancestor lists, derived here once for the forward (None: a chain)
+    layout = None if draft.is_chain else TreeLayout.from_parents(parents)
     t1 = time.perf_counter()
 
     # 2. Verify: one target forward over the last committed token and the drafts.
     rows = torch.cat([state.tokens[:, -1:], draft.tokens.to(state.tokens)[None]], dim=1)  # (1, M)
-    chain = draft.is_chain
-    out = target.forward(rows, state.cache, state.hidden_layers,
-                         positions=None if chain else positions(parents, L).to(rows.device),
-                         tree_mask=None if chain else tree_mask(parents).to(rows.device))
+    out = target.forward(rows, state.cache, state.hidden_layers, layout=layout)
 
     # 3. Accept the longest agreeing path plus the target's own next token.
     path, nxt = accept(draft, out.logits[0], state.sampling, state.generator)  # rows, root first
@@ -172,8 +201,8 @@ def step(target: Target, drafter: Drafter | None, state: DecodeState, num_draft_
     s.draft_s += t1 - t0
     s.verify_s += time.perf_counter() - t1
     s.target_forwards += 1
-    s.record_round(len(parents) if chain else max(depths(parents)), n)  # a tree checks one node per depth
-    return _emit(state, accepted)
+    s.record_round(len(parents) if layout is None else int(layout.depths.max()), n)  # a tree checks one node per depth
+    return _emit(state, accepted, drafted=n)
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ import torch
 
 from ..config import SamplingConfig
 from ..errors import InputError
-from .target import KVCache
+from .cache import KVCache
 
 
 @dataclass

@@ -37,7 +37,8 @@ from . import fused
 from .draft import Draft, DraftInput
 from .kernels import linear
 from .sampling import probs_from_logits, sample
-from .target import Target, TargetIdentity, apply_rope, signed_sin
+from .rope import apply_rope, signed_sin
+from .target import Target, TargetIdentity
 
 CONFIG_NAME = "mtp_head.json"
 WEIGHTS_NAME = "mtp_head.safetensors"
