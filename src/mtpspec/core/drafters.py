@@ -27,7 +27,7 @@ Switch: one chain per round, the lookup continuation when the text repeats, else
 chain. A chain verifies on the cache as it is, for about the cost of one token, where every
 branch of a tree off its spine attends its own copy of the cache (op by op; the fused
 forward attends a branch's ancestors in place, `fused.py`); and a lookup costs no drafting at all.
-On this CPU that beat both the head's chain and the trees in wall time (see the README).
+On this CPU that beat both the head's chain and the trees in wall time (see docs/drafters.md).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class TreeConfig:
     # cache (`Target.forward`); a branch the head gives little chance rarely pays for its copy.
     min_branch_prob: float = 0.0
     # Cost-shaped tree (costs given): each round keeps a node when its cumulative draft
-    # probability (the chance that it is accepted: the head is calibrated, see the README) buys
+    # probability (the chance that it is accepted: the head is calibrated, see docs/drafters.md) buys
     # at least as many tokens per unit of cost as the rounds so far did, for what the node adds
     # to the round's cost: a row, or a plane for the first node of a new branch. Drafting goes
     # one depth deeper while the kept nodes' probability at this depth, times `deeper_share`,
