@@ -90,7 +90,7 @@ static inline __m512 vexp(__m512 x) {
 
 #define NRMAX 6     /* rows per block: NRMAX x 4 accumulators + 4 weight vectors + 1 row vector <= 32 registers */
 #define PF_BLOCKS 2 /* prefetch the weight rows this many blocks ahead, to L1 (measured: 1-8 blocks alike in bf16; in fp32
-                     * 4 blocks to L2 sped 9 rows up but slowed one row, reports/fused/fused-v3) */
+                     * 4 blocks to L2 sped 9 rows up but slowed one row, reports/fused-v3) */
 
 /* The first two levels of _mm512_reduce_add_ps's tree (lanes l + l+8, then + l+4) for a[0..3]
  * at once: 128-bit block b of the result holds a[b]'s four partial sums. */
@@ -108,6 +108,158 @@ static inline __attribute__((always_inline)) void reduce4(const __m512 *a, float
     const __m512 t = _mm512_add_ps(w, _mm512_permute_ps(w, _MM_SHUFFLE(1, 0, 3, 2))); /* l + l+2 */
     const __m512 u = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1))); /* lane 4b: a[b]'s sum */
     _mm512_mask_storeu_ps(out, m16(no), _mm512_maskz_compress_ps(0x1111, u));
+}
+
+/* Weight matrices as the forward reads them: up to three parts stacked along the outputs (q, k, v;
+ * gate, up), each dense (the element type, row-major) or a GGUF file's quantized blocks, each
+ * row `row_bytes` long. Types are GGML's ids. */
+enum { Q_DENSE = 0, Q_4_0 = 2, Q_4_1 = 3, Q_8_0 = 8, Q_4_K = 12, Q_5_K = 13, Q_6_K = 14 };
+typedef struct {
+    const void *data;
+    int type, rows;
+    long row_bytes;
+} Part;
+typedef struct {
+    int nparts;
+    Part part[3];
+} Mat;
+
+static inline Mat dense_mat(const elem *w, int O, int I) {
+    Mat m;
+    memset(&m, 0, sizeof m);
+    m.nparts = 1;
+    m.part[0].data = w, m.part[0].type = Q_DENSE, m.part[0].rows = O, m.part[0].row_bytes = (long)I * sizeof(elem);
+    return m;
+}
+
+/* fp32 products and sums that the compiler may not fuse into one FMA (the embedded rounding
+ * makes them builtins, not vector arithmetic): each rounds as numpy's float32 step does */
+#define MUL(a, b) _mm512_mul_round_ps((a), (b), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define ADD(a, b) _mm512_add_round_ps((a), (b), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define SUB(a, b) _mm512_sub_round_ps((a), (b), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+static inline float f16(const uint8_t *p) { /* an fp16 scale, widened exactly */
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+static inline __m512i bytes16(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m512 fl(__m512i v) { return _mm512_cvtepi32_ps(v); }
+
+/* Q4_K / Q5_K: sub-block j's 6-bit scale and min from the 12 packed bytes s */
+static inline void scale_min_k4(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) *sc = s[j] & 63, *m = s[j + 4] & 63;
+    else *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4), *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+}
+
+/* The 32 weights of group g (inputs 32g .. 32g + 31) of one quantized row, as fp32 lanes lo
+ * (the first 16) and hi: bit for bit the values gguf-py's `dequantize` gives (and transformers
+ * loads), each product and sum rounded in the order numpy computes it. */
+static inline __attribute__((always_inline)) void deq32(const uint8_t *row, const int qt, int g, __m512 *lo, __m512 *hi) {
+    const __m512i f = _mm512_set1_epi32(15);
+    switch (qt) {
+        case Q_4_0: { /* d * (q - 8); q: the low nibbles, then the high */
+            const uint8_t *b = row + (size_t)18 * g;
+            const __m512 d = _mm512_set1_ps(f16(b));
+            const __m512i v = bytes16(b + 2), e8 = _mm512_set1_epi32(8);
+            *lo = MUL(d, fl(_mm512_sub_epi32(_mm512_and_si512(v, f), e8)));
+            *hi = MUL(d, fl(_mm512_sub_epi32(_mm512_srli_epi32(v, 4), e8)));
+            break;
+        }
+        case Q_4_1: { /* d * q + m */
+            const uint8_t *b = row + (size_t)20 * g;
+            const __m512 d = _mm512_set1_ps(f16(b)), m = _mm512_set1_ps(f16(b + 2));
+            const __m512i v = bytes16(b + 4);
+            *lo = ADD(MUL(d, fl(_mm512_and_si512(v, f))), m);
+            *hi = ADD(MUL(d, fl(_mm512_srli_epi32(v, 4))), m);
+            break;
+        }
+        case Q_8_0: { /* q * d */
+            const uint8_t *b = row + (size_t)34 * g;
+            const __m512 d = _mm512_set1_ps(f16(b));
+            *lo = MUL(fl(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)))), d);
+            *hi = MUL(fl(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))), d);
+            break;
+        }
+        case Q_4_K:
+        case Q_5_K: { /* (d * sc) * q - dmin * m; Q5_K: q's fifth bit from qh */
+            const int j = g & 7;
+            const uint8_t *b = row + (size_t)(qt == Q_4_K ? 144 : 176) * (g >> 3);
+            int sc, mn;
+            scale_min_k4(b + 4, j, &sc, &mn);
+            const __m512 ds = _mm512_set1_ps(f16(b) * (float)sc), dm = _mm512_set1_ps(f16(b + 2) * (float)mn);
+            const uint8_t *qs = b + (qt == Q_4_K ? 16 : 48) + 32 * (j >> 1);
+            const int sh = 4 * (j & 1);
+            __m512i q0 = _mm512_and_si512(_mm512_srli_epi32(bytes16(qs), sh), f);
+            __m512i q1 = _mm512_and_si512(_mm512_srli_epi32(bytes16(qs + 16), sh), f);
+            if (qt == Q_5_K) {
+                const __m512i one = _mm512_set1_epi32(1);
+                q0 = _mm512_or_si512(q0, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(bytes16(b + 16), j), one), 4));
+                q1 = _mm512_or_si512(q1, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(bytes16(b + 32), j), one), 4));
+            }
+            *lo = SUB(MUL(ds, fl(q0)), dm);
+            *hi = SUB(MUL(ds, fl(q1)), dm);
+            break;
+        }
+        default: { /* Q6_K: (d * sc) * (q - 32), one int8 scale per 16 weights */
+            const uint8_t *b = row + (size_t)210 * (g >> 3);
+            const int j = g & 7, h = j >> 2;
+            const float d = f16(b + 208);
+            const int8_t *sc = (const int8_t *)(b + 192) + 2 * j;
+            const uint8_t *ql = b + 64 * h + 32 * (j & 1), *qh = b + 128 + 32 * h;
+            const int shl = 4 * ((j & 3) >> 1), shh = 2 * (j & 3);
+            const __m512i three = _mm512_set1_epi32(3), e32 = _mm512_set1_epi32(32);
+            const __m512i q0 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(bytes16(ql), shl), f),
+                                               _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(bytes16(qh), shh), three), 4));
+            const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(bytes16(ql + 16), shl), f),
+                                               _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(bytes16(qh + 16), shh), three), 4));
+            *lo = MUL(_mm512_set1_ps(d * (float)sc[0]), fl(_mm512_sub_epi32(q0, e32)));
+            *hi = MUL(_mm512_set1_ps(d * (float)sc[1]), fl(_mm512_sub_epi32(q1, e32)));
+            break;
+        }
+    }
+}
+
+/* dot_block for quantized weight rows: the same chains, each weight vector dequantized in
+ * registers to its exact value (rounded to bf16 where the compute is bf16) right before use.
+ * wr: 4 rows of `qt` blocks; I % 32 == 0. */
+static inline __attribute__((always_inline)) void qdot_block(const elem *const *xr, const uint8_t *const *wr, long rb, int I,
+                                                              float *y, int O, int r0, int o0, int no, const int NR, const int qt) {
+    __m512 acc[NRMAX][4];
+#pragma GCC unroll 6
+    for (int i = 0; i < NR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
+    const int G = I / 32;
+    const long pf = (long)PF_BLOCKS * 4 * rb, gb = rb / G; /* prefetch distance; bytes per group, on average */
+    for (int g = 0; g < G; g++) {
+        __m512 lo[4], hi[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            deq32(wr[j], qt, g, &lo[j], &hi[j]);
+            _mm_prefetch((const char *)(wr[j] + pf + g * gb), _MM_HINT_T0);
+        }
+#ifdef FUSED_F32
+#pragma GCC unroll 6
+        for (int i = 0; i < NR; i++) { /* the dense chain's two 16-element steps */
+            const __m512 x0 = ldf(xr[i] + 32 * g, 16), x1 = ldf(xr[i] + 32 * g + 16, 16);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) acc[i][j] = _mm512_fmadd_ps(hi[j], x1, _mm512_fmadd_ps(lo[j], x0, acc[i][j]));
+        }
+#else
+        kvec wv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) wv[j] = (kvec)_mm512_cvtne2ps_pbh(hi[j], lo[j]); /* 32 bf16 in input order */
+#pragma GCC unroll 6
+        for (int i = 0; i < NR; i++) {
+            const kvec xv = ldk(xr[i] + 32 * g, 32);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) acc[i][j] = dotk(acc[i][j], wv[j], xv);
+        }
+#endif
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < NR; i++) reduce4(acc[i], y + (size_t)(r0 + i) * O + o0, no);
 }
 
 /* one KSTEP of dot_block: n < KSTEP only at the tail, so the main loop's masks are constants */
@@ -140,25 +292,57 @@ static inline __attribute__((always_inline)) void dot_block(const elem *const *x
 #undef DOT_STEP
 
 /* AVX-512 (BF16): four weight rows stream side by side, each loaded vector serves up to four
- * rows; a block's weights are read from memory once and from cache for each further four rows. */
-static void matmul_dp(const elem *x, int R, int I, const elem *w, int O, float *y) {
-    const int blocks = (O + 3) / 4;
+ * rows; a block's weights are read from memory once and from cache for each further four rows.
+ * The blocks of every part of w are shared out together; a quantized part's rows are
+ * dequantized in registers (qdot_block). */
+#define NR_SWITCH(CALL)                                   \
+    switch (R - r0 < NRMAX ? R - r0 : NRMAX) {            \
+        case 1: CALL(1); break;                           \
+        case 2: CALL(2); break;                           \
+        case 3: CALL(3); break;                           \
+        case 4: CALL(4); break;                           \
+        case 5: CALL(5); break;                           \
+        default: CALL(6); break;                          \
+    }
+static void matmul_dp(const elem *x, int R, int I, const Mat *w, int O, float *y) {
+    int nb[3] = {0, 0, 0}, blocks = 0;
+    for (int p = 0; p < w->nparts; p++) blocks += nb[p] = (w->part[p].rows + 3) / 4;
 #pragma omp for schedule(static)
-    for (int ob = 0; ob < blocks; ob++) {
-        const int o0 = ob * 4, no = O - o0 < 4 ? O - o0 : 4;
-        const elem *wr[4];
-        for (int j = 0; j < 4; j++) wr[j] = w + (size_t)(o0 + (j < no ? j : 0)) * I;
+    for (int b = 0; b < blocks; b++) {
+        int p = 0, ob = b, o_part = 0; /* the block's part, its index there, the part's first output */
+        while (ob >= nb[p]) ob -= nb[p], o_part += w->part[p].rows, p++;
+        const Part *P = &w->part[p];
+        const int o0 = ob * 4, no = P->rows - o0 < 4 ? P->rows - o0 : 4, qt = P->type;
+        const uint8_t *wr[4];
+        for (int j = 0; j < 4; j++) wr[j] = (const uint8_t *)P->data + (size_t)(o0 + (j < no ? j : 0)) * P->row_bytes;
         for (int r0 = 0; r0 < R; r0 += NRMAX) {
             const elem *xr[NRMAX];
             for (int i = 0; i < NRMAX; i++) xr[i] = x + (size_t)(r0 + (r0 + i < R ? i : 0)) * I;
-            switch (R - r0 < NRMAX ? R - r0 : NRMAX) {
-                case 1: dot_block(xr, wr, I, y, O, r0, o0, no, 1); break;
-                case 2: dot_block(xr, wr, I, y, O, r0, o0, no, 2); break;
-                case 3: dot_block(xr, wr, I, y, O, r0, o0, no, 3); break;
-                case 4: dot_block(xr, wr, I, y, O, r0, o0, no, 4); break;
-                case 5: dot_block(xr, wr, I, y, O, r0, o0, no, 5); break;
-                default: dot_block(xr, wr, I, y, O, r0, o0, no, 6); break;
+#define DENSE(nr) dot_block(xr, (const elem *const *)wr, I, y, O, r0, o_part + o0, no, nr)
+#define QUANT(nr, t) qdot_block(xr, wr, P->row_bytes, I, y, O, r0, o_part + o0, no, nr, t)
+#define Q40(nr) QUANT(nr, Q_4_0)
+#define Q41(nr) QUANT(nr, Q_4_1)
+#define Q80(nr) QUANT(nr, Q_8_0)
+#define Q4K(nr) QUANT(nr, Q_4_K)
+#define Q5K(nr) QUANT(nr, Q_5_K)
+#define Q6K(nr) QUANT(nr, Q_6_K)
+            switch (qt) {
+                case Q_DENSE: NR_SWITCH(DENSE); break;
+                case Q_4_0: NR_SWITCH(Q40); break;
+                case Q_4_1: NR_SWITCH(Q41); break;
+                case Q_8_0: NR_SWITCH(Q80); break;
+                case Q_4_K: NR_SWITCH(Q4K); break;
+                case Q_5_K: NR_SWITCH(Q5K); break;
+                default: NR_SWITCH(Q6K); break;
             }
+#undef DENSE
+#undef QUANT
+#undef Q40
+#undef Q41
+#undef Q80
+#undef Q4K
+#undef Q5K
+#undef Q6K
         }
     }
 }
@@ -228,17 +412,24 @@ static void matmul_amx(const bf16 *x, int R, int I, const bf16 *w, int O, float 
 #endif
 
 /* Called inside a parallel region: the output blocks are shared out between the threads. Which
- * kernel runs depends on the shape and the process only, never on R. */
-static void matmul(const elem *x, int R, int I, const elem *w, int O, float *y, elem *xv) {
+ * kernel runs depends on the weights, their shape and the process only, never on R: AMX for a
+ * dense matrix whose shape fits its tiles, dot products otherwise (quantized parts among them). */
+static void matmul(const elem *x, int R, int I, const Mat *w, int O, float *y, elem *xv) {
 #ifdef FUSED_F32
     (void)xv;
-    matmul_dp(x, R, I, w, O, y);
 #else
-    if (use_amx && I % 32 == 0 && O % 16 == 0)
-        matmul_amx(x, R, I, w, O, y, xv);
-    else
-        matmul_dp(x, R, I, w, O, y);
+    if (use_amx && w->nparts == 1 && w->part[0].type == Q_DENSE && I % 32 == 0 && O % 16 == 0) {
+        matmul_amx(x, R, I, (const bf16 *)w->part[0].data, O, y, xv);
+        return;
+    }
 #endif
+    matmul_dp(x, R, I, w, O, y);
+}
+
+/* matmul for a dense matrix, as the head's own weights are */
+static void matmul_dense(const elem *x, int R, int I, const elem *w, int O, float *y, elem *xv) {
+    const Mat m = dense_mat(w, O, I);
+    matmul(x, R, I, &m, O, y, xv);
 }
 
 /* Ask the kernel for the AMX tile state (Linux: ARCH_REQ_XCOMP_PERM); amx = 0 keeps to AVX-512.
@@ -312,13 +503,15 @@ static void swiglu(const float *y, const elem *bg, int R, int M, elem *g) {
 typedef struct {
     int n_layers, D, H, Hk, hd, M, V, S;
     /* per layer: weights (bf16, row-major (out, in)), biases (NULL = none), norm weights */
-    const elem **attn_norm, **mlp_norm, **wqkv, **bqkv, **wo, **bo, **wgu, **bgu, **wdown, **bdown;
+    const elem **attn_norm, **mlp_norm, **bqkv, **bo, **bgu, **bdown;
+    const Mat *wqkv, *wo, *wgu, *wdown; /* per layer: the matrices (q, k, v and gate, up: parts) */
     const float *attn_eps, *mlp_eps, *scale;
     const int *rope;   /* 1: RoPE in this layer, 0: none (SmolLM3's NoPE layers) */
     const int *window; /* sliding window width, 0 = full attention */
     const elem *final_norm;
     float final_eps;
-    const elem *lm_w, *lm_b;
+    Mat lm_w;
+    const elem *lm_b;
     elem *keys, *values; /* (N, Hk, S, hd): RoPE'd keys and values, one slot per position */
 } Model;
 
@@ -637,7 +830,7 @@ void fused_forward(const Model *m, elem *x, int T, int start, const int *pos, co
                 if (feat_layers[f] == l) memcpy(feats + (size_t)f * T * D, x, sizeof(elem) * (size_t)T * D);
             /* attention */
             rms_norm(x, T, D, m->attn_norm[l], m->attn_eps[l], h);
-            matmul(h, T, D, m->wqkv[l], Q, y, xv);
+            matmul(h, T, D, &m->wqkv[l], Q, y, xv);
             const elem *bq = m->bqkv[l];
             elem *Kl = m->keys + (size_t)l * Hk * S * hd, *Vl = m->values + (size_t)l * Hk * S * hd;
 #pragma omp for schedule(static) collapse(2)
@@ -651,13 +844,13 @@ void fused_forward(const Model *m, elem *x, int T, int start, const int *pos, co
                 }
             }
             attend(Kl, Vl, S, H, Hk, hd, m->scale[l], m->window[l], T, start, pos, nanc, anc, qb, ab, scratch);
-            matmul(ab, T, H * hd, m->wo[l], D, y, xv);
+            matmul(ab, T, H * hd, &m->wo[l], D, y, xv);
             residual(x, y, m->bo[l], T, D);
             /* MLP */
             rms_norm(x, T, D, m->mlp_norm[l], m->mlp_eps[l], h);
-            matmul(h, T, D, m->wgu[l], 2 * M, y, xv);
+            matmul(h, T, D, &m->wgu[l], 2 * M, y, xv);
             swiglu(y, m->bgu[l], T, M, gb);
-            matmul(gb, T, M, m->wdown[l], D, y, xv);
+            matmul(gb, T, M, &m->wdown[l], D, y, xv);
             residual(x, y, m->bdown[l], T, D);
         }
         rms_norm(x, T, D, m->final_norm, m->final_eps, h);
@@ -668,7 +861,7 @@ void fused_forward(const Model *m, elem *x, int T, int start, const int *pos, co
                 if (feat_layers[f] == m->n_layers) memcpy(feats + (size_t)f * T * D, x, sizeof(elem) * (size_t)T * D);
         }
         if (Tk > 0) {
-            matmul(x + (size_t)(T - Tk) * D, Tk, D, m->lm_w, m->V, logits, xv);
+            matmul(x + (size_t)(T - Tk) * D, Tk, D, &m->lm_w, m->V, logits, xv);
             const int V = m->V, chunks = (V + 15) / 16;
 #ifdef FUSED_F32
             const int finish = m->lm_b != NULL; /* else the fp32 sums are the logits */
@@ -691,6 +884,14 @@ void fused_forward(const Model *m, elem *x, int T, int start, const int *pos, co
 void fused_matmul(const elem *x, int R, int I, const elem *w, int O, float *y, int nthreads) {
     elem *xv = malloc(sizeof(elem) * (size_t)((R + 15) / 16 * 16) * I);
 #pragma omp parallel num_threads(nthreads)
+    matmul_dense(x, R, I, w, O, y, xv);
+    free(xv);
+}
+
+/* The same for a matrix of parts (dense or quantized): y (R, O) = x (R, I) @ w^T. */
+void fused_qmatmul(const elem *x, int R, int I, const Mat *w, int O, float *y, int nthreads) {
+    elem *xv = malloc(sizeof(elem) * (size_t)((R + 15) / 16 * 16) * I);
+#pragma omp parallel num_threads(nthreads)
     matmul(x, R, I, w, O, y, xv);
     free(xv);
 }
@@ -708,10 +909,10 @@ typedef struct {
 /* R rows at one position (a chain's step: R = 1; a tree's frontier: its nodes).
  * state, emb (R, D): the states and the embedded tokens; cos, sin (hd) at the position (sin
  * signed as above); keys, values (Hk, S, hd): the target's layer the head reads, slots 0..L-1.
- * Out: state_out (R, D) and logits (R, V1 + E) fp32 (bf16 values) over w_vocab (V1, D) then
+ * Out: state_out (R, D) and logits (R, V1 + E) fp32 (bf16 values) over w_vocab (V1, D; dense or quantized) then
  * w_extra (E, D), from the target's final norm of the new states. */
 void head_step(const Head *h, int R, const elem *state, const elem *emb, const elem *cos, const elem *sin,
-               const elem *keys, const elem *values, int S, int L, const elem *w_vocab, int V1,
+               const elem *keys, const elem *values, int S, int L, const Mat *w_vocab, int V1,
                const elem *w_extra, int E, elem *state_out, float *logits, int nthreads) {
     const int D = h->D, H = h->H, hd = h->hd, M = h->M;
     int wide = 2 * D > 2 * M ? 2 * D : 2 * M;
@@ -734,32 +935,32 @@ void head_step(const Head *h, int R, const elem *state, const elem *emb, const e
             memcpy(u + (size_t)r * 2 * D, n2 + (size_t)r * D, sizeof(elem) * D);
             memcpy(u + (size_t)r * 2 * D + D, n2 + (size_t)(R + r) * D, sizeof(elem) * D);
         }
-        matmul(u, R, 2 * D, h->fc, D, y, xv);
+        matmul_dense(u, R, 2 * D, h->fc, D, y, xv);
 #pragma omp for schedule(static)
         for (int r = 0; r < R; r++)
             for (int d = 0; d < D; d += 16) st16(x + (size_t)r * D + d, ldf(y + (size_t)r * D + d, D - d), D - d);
         for (int b = 0; b < h->n_blocks; b++) {
             rms_norm(x, R, D, h->norm_attn[b], h->eps, u);
-            matmul(u, R, D, h->wq[b], H * hd, y, xv);
+            matmul_dense(u, R, D, h->wq[b], H * hd, y, xv);
 #pragma omp for schedule(static) collapse(2)
             for (int r = 0; r < R; r++)
                 for (int hh = 0; hh < H; hh++)
                     project_head(y + ((size_t)r * H + hh) * hd, NULL, hd, cos, sin, q + ((size_t)r * H + hh) * hd);
             /* every committed slot, no new rows: each row at "start" L with no ancestors */
             attend(keys, values, S, H, h->Hk, hd, 1.0f / sqrtf((float)hd), 0, R, L, pos, none, none, q, a, scratch);
-            matmul(a, R, H * hd, h->wo[b], D, y, xv);
+            matmul_dense(a, R, H * hd, h->wo[b], D, y, xv);
             residual(x, y, NULL, R, D);
             if (M > 0) {
                 rms_norm(x, R, D, h->norm_mlp[b], h->eps, u);
-                matmul(u, R, D, h->wgu[b], 2 * M, y, xv);
+                matmul_dense(u, R, D, h->wgu[b], 2 * M, y, xv);
                 swiglu(y, NULL, R, M, u); /* u now holds the gate products (R, M) */
-                matmul(u, R, M, h->wdown[b], D, y, xv);
+                matmul_dense(u, R, M, h->wdown[b], D, y, xv);
                 residual(x, y, NULL, R, D);
             }
         }
         rms_norm(x, R, D, h->final_norm, h->final_eps, u);
         matmul(u, R, D, w_vocab, V1, l1, xv);
-        if (E > 0) matmul(u, R, D, w_extra, E, l2, xv);
+        if (E > 0) matmul_dense(u, R, D, w_extra, E, l2, xv);
         const int V = V1 + E;
 #pragma omp for schedule(static) collapse(2)
         for (int r = 0; r < R; r++)

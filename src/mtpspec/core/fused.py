@@ -36,21 +36,22 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import native
+from . import native, quant
 from .rope import signed_sin
+from .weights import Projection
 
 if TYPE_CHECKING:
     from .head import MTPHead
     from .target import KVCache, Target
     from .tree import TreeLayout
-    from .weights import Norm, Projection
+    from .weights import Norm
 
 SOURCE = Path(__file__).with_name("fused.c")
-_COMMON = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp", "-shared", "-fPIC")
+_COMMON = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 # per dtype: (compiler flags, the CPU flags they need)
 BUILDS = {
-    torch.bfloat16: (_COMMON + ("-mavx512bf16", "-mamx-tile", "-mamx-bf16"), {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma"}),
-    torch.float32: (_COMMON + ("-DFUSED_F32",), {"avx512f", "avx512bw", "avx512vl", "fma"}),
+    torch.bfloat16: (_COMMON + ("-mavx512bf16", "-mamx-tile", "-mamx-bf16"), {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "f16c"}),
+    torch.float32: (_COMMON + ("-DFUSED_F32",), {"avx512f", "avx512bw", "avx512vl", "fma", "f16c"}),
 }
 # Pre-norm families with Llama's RMSNorm, SiLU MLP and rotated halves, nothing else between
 # the matmuls: exactly what fused.c computes.
@@ -60,10 +61,11 @@ _P = ctypes.c_void_p
 
 class _Model(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int) for n in ("n_layers", "D", "H", "Hk", "hd", "M", "V", "S")] + [
-        (n, ctypes.POINTER(_P)) for n in ("attn_norm", "mlp_norm", "wqkv", "bqkv", "wo", "bo", "wgu", "bgu", "wdown", "bdown")
-    ] + [(n, ctypes.POINTER(ctypes.c_float)) for n in ("attn_eps", "mlp_eps", "scale")] + [
+        (n, ctypes.POINTER(_P)) for n in ("attn_norm", "mlp_norm", "bqkv", "bo", "bgu", "bdown")
+    ] + [(n, ctypes.POINTER(quant.Mat)) for n in ("wqkv", "wo", "wgu", "wdown")] + [
+        (n, ctypes.POINTER(ctypes.c_float)) for n in ("attn_eps", "mlp_eps", "scale")] + [
         ("rope", ctypes.POINTER(ctypes.c_int)), ("window", ctypes.POINTER(ctypes.c_int)),
-        ("final_norm", _P), ("final_eps", ctypes.c_float), ("lm_w", _P), ("lm_b", _P), ("keys", _P), ("values", _P),
+        ("final_norm", _P), ("final_eps", ctypes.c_float), ("lm_w", quant.Mat), ("lm_b", _P), ("keys", _P), ("values", _P),
     ]
 
 
@@ -89,6 +91,8 @@ def _library(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, b
     so.fused_forward.restype = None
     so.fused_matmul.argtypes = [_P, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P, ctypes.c_int]
     so.fused_matmul.restype = None
+    so.fused_qmatmul.argtypes = [_P, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P, ctypes.c_int]
+    so.fused_qmatmul.restype = None
     so.head_step.argtypes = [ctypes.POINTER(_Head), ctypes.c_int] + [_P] * 6 + [ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P,
                                                                  ctypes.c_int, _P, _P, ctypes.c_int]
     so.head_step.restype = None
@@ -164,9 +168,19 @@ class _Pointers:
         self.keep.append(arr)
         return ctypes.cast(arr, ctypes.POINTER(_P))
 
+    def mat(self, p: Projection) -> quant.Mat:
+        """One matrix as fused.c reads it: its dense or quantized parts, stacked."""
+        parts = p.matrices
+        for m in parts:
+            if isinstance(m, quant.QTensor):
+                self.keep.append(m.data)  # quantized blocks never change in place
+            else:
+                self.ptr(m)  # checks the dtype and layout; held and watched like every dense weight
+        return quant.mat(parts, self.dtype)
+
     def projections(self, ps: list[Projection]) -> tuple[ctypes._Pointer, ctypes._Pointer]:
-        """(weights, biases): one table each, a layer per entry (a null bias: none)."""
-        return self.table([p.weight for p in ps]), self.table([p.bias for p in ps])
+        """(matrices, biases): one table each, a layer per entry (a null bias: none)."""
+        return self.array(quant.Mat, [self.mat(p) for p in ps]), self.table([p.bias for p in ps])
 
     def norms(self, ns: list[Norm]) -> tuple[ctypes._Pointer, ctypes._Pointer]:
         """(weights, epsilons): a layer per entry."""
@@ -191,7 +205,7 @@ class FusedForward:
         Ls = list(weights.layers)  # pre-norm layers (`unsupported`): attn_norm and mlp_norm are set
         self.pointers = W = _Pointers(target.dtype)
         m = _Model(n_layers=len(Ls), D=target.hidden_size, H=target.num_heads, Hk=target.num_kv_heads,
-                   hd=target.head_dim, M=int(Ls[0].gate_up.weight.shape[0]) // 2, V=target.vocab_size, S=0)
+                   hd=target.head_dim, M=Ls[0].gate_up.out_features // 2, V=target.vocab_size, S=0)
         m.attn_norm, m.attn_eps = W.norms([L.attn_norm for L in Ls])  # type: ignore[misc]
         m.mlp_norm, m.mlp_eps = W.norms([L.mlp_norm for L in Ls])  # type: ignore[misc]
         m.wqkv, m.bqkv = W.projections([L.qkv for L in Ls])
@@ -202,7 +216,7 @@ class FusedForward:
         m.rope = W.array(ctypes.c_int, [int(L.has_rope) for L in Ls])
         m.window = W.array(ctypes.c_int, [L.window or 0 for L in Ls])
         m.final_norm, m.final_eps = W.ptr(weights.final_norm.weight), weights.final_norm.eps
-        m.lm_w, m.lm_b = W.ptr(weights.lm_head.weight), W.ptr(weights.lm_head.bias)
+        m.lm_w, m.lm_b = W.mat(weights.lm_head), W.ptr(weights.lm_head.bias)
         self.model = m
 
     def current(self) -> bool:
@@ -277,8 +291,10 @@ class FusedHead:
         h.norm_mlp = W.table([b.norm_mlp.weight if M else None for b in blocks])
         h.wgu = W.table([b.gate_up.weight if M else None for b in blocks])
         h.wdown = W.table([b.down.weight if M else None for b in blocks])
-        self.vocab = head.draft_weight if head.draft_weight is not None else tgt.lm_head.weight  # (V1, D)
-        W.ptr(self.vocab)
+        # (V1, D): the head's draft-vocabulary rows, else the target's LM head (dense or quantized)
+        lm = tgt.weights().lm_head
+        self.vocab = W.mat(lm if head.draft_weight is None else Projection(head.draft_weight))
+        self.V1 = lm.out_features if head.draft_weight is None else int(head.draft_weight.shape[0])
         self.struct = h
 
     def current(self) -> bool:
@@ -300,12 +316,12 @@ class FusedHead:
         E = 0 if extra is None else int(extra.shape[0])
         if extra is not None:
             extra = extra.contiguous()
-        V1 = int(self.vocab.shape[0])
+        V1 = self.V1
         out = torch.empty_like(state)
         logits = torch.empty(R, V1 + E, dtype=torch.float32)
         keys, values = cache.keys[layer], cache.values[layer]  # (Hk, S, hd): contiguous layers of the cache
         so.head_step(ctypes.byref(self.struct), R, state.data_ptr(), emb.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
-                     keys.data_ptr(), values.data_ptr(), cache.capacity, cache.length, self.vocab.data_ptr(), V1,
+                     keys.data_ptr(), values.data_ptr(), cache.capacity, cache.length, ctypes.addressof(self.vocab), V1,
                      None if extra is None else extra.data_ptr(), E, out.data_ptr(), logits.data_ptr(),
                      torch.get_num_threads())
         return out, tgt.finish_logits(logits)

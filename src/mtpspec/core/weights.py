@@ -16,13 +16,41 @@ from dataclasses import dataclass
 
 import torch
 
+from .quant import Matrix, QTensor
+
 
 @dataclass(frozen=True)
 class Projection:
-    """y = x @ weight.T + bias."""
+    """y = x @ weight.T + bias. Where the model keeps a GGUF file's quantized blocks (`load_target(...,
+    weights="gguf")`), `parts` lists the matrices stacked along the outputs (q, k, v; gate, up),
+    each a dense tensor or a `QTensor`, and `weight` is None: no dense copy exists."""
 
-    weight: torch.Tensor  # (O, I)
+    weight: torch.Tensor | None  # (O, I); None where `parts` holds quantized matrices
     bias: torch.Tensor | None = None  # (O,); None = no bias
+    parts: tuple[Matrix, ...] = ()  # the stacked matrices, when any is quantized
+
+    @property
+    def matrices(self) -> tuple[Matrix, ...]:
+        """What the forward multiplies by, stacked along the outputs: (weight,) when dense."""
+        if self.parts:
+            return self.parts
+        assert self.weight is not None
+        return (self.weight,)
+
+    @property
+    def quantized(self) -> bool:
+        return any(isinstance(m, QTensor) for m in self.parts)
+
+    @property
+    def out_features(self) -> int:
+        return sum(int(m.shape[0]) for m in self.matrices)
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """The (O, I) weight in `dtype`: itself, or its quantized parts dequantized (exactly
+        the values a dense load holds; a fresh tensor each call, for the op-by-op path)."""
+        if self.weight is not None:
+            return self.weight
+        return torch.cat([m.dequantize().to(dtype) if isinstance(m, QTensor) else m for m in self.parts])
 
 
 @dataclass(frozen=True)
