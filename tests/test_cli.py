@@ -52,6 +52,37 @@ def test_generate_switch_and_tree_match_hf_greedy_and_refuse_each_other(model_di
     assert r.exit_code == 2 and "choose one" in r.output
 
 
+def test_generate_tree_and_the_cli_tree_draft_the_same_trees(model_dir, tmp_path, monkeypatch):
+    """`mtpspec generate --tree` and `mtpspec.generate(tree=True)` get their drafter from one
+    factory: on the same head and prompt they draft the same trees (budget, shape, nodes), round
+    by round."""
+    import mtpspec
+    from mtpspec.core.drafters import TreeDrafter
+    from mtpspec.models import chat_ids, load_target
+
+    d, model, tok = model_dir
+    MTPHead.for_target(model).save_pretrained(tmp_path / "head")
+    rounds: list = []
+    propose = TreeDrafter.propose
+
+    def spy(self, inp, k, sampling, generator):
+        draft = propose(self, inp, k, sampling, generator)
+        rounds.append((k, self.config, draft.parent_list(), draft.tokens.tolist()))
+        return draft
+
+    monkeypatch.setattr(TreeDrafter, "propose", spy)
+    prompt = "w7 w8 w9 w7 w8"
+    r = runner.invoke(app, ["generate", "--target", str(d), "--head", str(tmp_path / "head"), "--prompt", prompt,
+                            "-n", "16", "--tree", "--dtype", "fp32", "--json"])
+    assert r.exit_code == 0, r.output
+    cli, rounds[:] = list(rounds), []
+    target = mtpspec.Target(load_target(str(d), "fp32").model)
+    mtpspec.generate(target, MTPHead.from_pretrained(tmp_path / "head", target), chat_ids(tok, prompt), max_new_tokens=16,
+                     tree=True)
+    assert rounds == cli
+    assert any(len(parents) > len(set(parents)) for _, _, parents, _ in cli)  # some round drafted a real tree
+
+
 def test_generate_streams_text_and_stats(model_dir, tmp_path):
     d, model, _ = model_dir
     MTPHead.for_target(model).save_pretrained(tmp_path / "head")

@@ -13,7 +13,11 @@ from conftest import FAMILIES, hf_greedy, tiny_model
 import mtpspec
 from mtpspec import DraftInput, SamplingConfig
 from mtpspec.core.drafters import (
+    FALLBACK_K,
     FUSED_COSTS,
+    HYBRID_LOOKUP,
+    SWITCH_TOKENS,
+    TREE_NODES,
     TREE_SHAPE,
     HybridDrafter,
     LookupDrafter,
@@ -21,6 +25,7 @@ from mtpspec.core.drafters import (
     SwitchDrafter,
     TreeConfig,
     TreeDrafter,
+    build_drafter,
     lookup,
     tree_shape,
 )
@@ -268,3 +273,71 @@ def test_the_cost_shaped_tree_is_priced_for_the_forward_that_runs():
     cfg = BenchConfig()
     assert cfg.tree_config("fused").costs == FUSED_COSTS and cfg.tree_config("torch").costs == RoundCosts()
     assert BenchConfig(tree_shape="fixed").tree_config("fused").costs is None
+
+
+# -- the one drafter factory -------------------------------------------------------------------------
+def test_each_kind_builds_its_drafter_with_the_heads_own_defaults():
+    """`build_drafter`: a name and a head give one drafter and its k; k left out is the head's own
+    (its recorded recommended_k, else FALLBACK_K) for a chain and for a switch's head rounds, and
+    the library's tree and lookup sizes otherwise; a tree is priced for the head's target."""
+    model = tiny_model("llama")
+    head = mtpspec.MTPHead.for_target(model)
+    assert build_drafter(head, "chain") == (head, FALLBACK_K)
+    head.recommended_k = 5
+    assert build_drafter(head, "chain") == (head, 5) and build_drafter(head, "chain", k=2) == (head, 2)
+    assert build_drafter(None, "chain") == (None, 0)
+
+    tree, k = build_drafter(head, "tree")
+    assert isinstance(tree, TreeDrafter) and tree.head is head and k == TREE_NODES
+    assert tree.config == tree_shape(head.target.engine)
+    fixed = TreeConfig(max_depth=2)
+    assert build_drafter(head, "tree", k=4, tree=fixed)[0].config == fixed and build_drafter(head, "tree", k=4)[1] == 4
+
+    hybrid, k = build_drafter(head, "hybrid")
+    assert isinstance(hybrid, HybridDrafter) and hybrid.lookup_tokens == HYBRID_LOOKUP and k == TREE_NODES
+    assert hybrid.tree.config == tree_shape(head.target.engine)
+    assert build_drafter(head, "hybrid", lookup_tokens=2)[0].lookup_tokens == 2
+
+    switch, k = build_drafter(head, "switch")
+    assert isinstance(switch, SwitchDrafter) and (switch.head_tokens, switch.lookup_tokens) == (5, SWITCH_TOKENS)
+    assert k == max(SWITCH_TOKENS, 5)
+    switch, k = build_drafter(head, "switch", k=2, head_k=3)  # the round holds the longer of the two chains
+    assert (switch.head_tokens, switch.lookup_tokens, k) == (3, 2, 3)
+
+    look, k = build_drafter(None, "lookup")
+    assert isinstance(look, LookupDrafter) and k == SWITCH_TOKENS
+
+
+def test_the_factory_refuses_what_it_cannot_build():
+    model = tiny_model("llama")
+    head = mtpspec.MTPHead.for_target(model)
+    with pytest.raises(mtpspec.InputError, match="Unknown drafter 'medusa'"):
+        build_drafter(head, "medusa")
+    for kind in ("tree", "hybrid", "switch"):
+        with pytest.raises(mtpspec.InputError, match="MTPHead"):
+            build_drafter(LookupDrafter(), kind)
+    with pytest.raises(mtpspec.InputError, match="is not a Drafter"):
+        build_drafter(object(), "chain")
+
+
+def test_generate_drafts_the_heads_own_k_when_none_is_given():
+    model = tiny_model("llama")
+    head = mtpspec.MTPHead.for_target(model)
+    ids = torch.randint(4, 97, (1, 8), generator=torch.Generator().manual_seed(0))
+    head.recommended_k = 2
+    assert mtpspec.generate(model, head, ids, max_new_tokens=6).stats.num_draft_tokens == 2
+    assert mtpspec.generate(model, head, ids, max_new_tokens=6, tree=True).stats.num_draft_tokens == TREE_NODES
+
+
+def test_a_switch_whose_head_k_is_0_drafts_lookups_only():
+    """A head whose measured k is 0 (nothing beat plain decoding): a switch round without a
+    lookup match drafts nothing, and greedy output is still plain decoding's."""
+    model = tiny_model("llama")
+    head = mtpspec.MTPHead.for_target(model)
+    switch, k = build_drafter(head, "switch", head_k=0)
+    t, inp = _input(model, torch.arange(20, 34)[None])  # nothing repeats
+    assert switch.propose(inp, k, SamplingConfig(), None).tokens.numel() == 0 and switch.last == "head"
+    base = torch.randint(4, 97, (1, 10), generator=torch.Generator().manual_seed(3))
+    ids = torch.cat([base, base], 1)
+    ref = hf_greedy(model, ids, 16, eos=[])
+    assert torch.equal(mtpspec.generate(model, switch, ids, max_new_tokens=16, num_draft_tokens=k, eos_token_id=[]).sequences, ref)

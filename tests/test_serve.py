@@ -26,10 +26,10 @@ from typer.testing import CliRunner
 
 import mtpspec
 from mtpspec import Draft, MTPHead, SamplingConfig
+from mtpspec.detokenize import TextStream
 from mtpspec.models import chat_ids, load_target
 from mtpspec.serve import Engine, ServeConfig, load_engine
 from mtpspec.serve.engine import DecodeRequest
-from mtpspec.serve.text import TextStream
 
 K = 3
 PROMPT = "w7 w8 w9"
@@ -494,7 +494,7 @@ def test_a_switch_engine_replies_as_plain_decoding(tiny):
     from mtpspec.serve import load_engine
 
     d, tok = tiny
-    engine = load_engine(str(d), d / "head", "fp32", switch=True)
+    engine = load_engine(str(d), d / "head", "fp32", drafter="switch")
     ids = chat_ids(tok, PROMPT + " " + PROMPT)  # a repeated prompt: the lookup finds matches
     plain = mtpspec.generate(engine.target, None, ids, max_new_tokens=24, num_draft_tokens=0).sequences[0].tolist()
 

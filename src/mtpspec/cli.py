@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 import typer
 
+from .core.drafters import SWITCH_TOKENS, TREE_NODES
+from .detokenize import TextStream
 from .errors import InputError, MtpspecError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
@@ -28,6 +30,9 @@ THREADS = typer.Option(0, "--threads", help="torch threads (0 = torch default)."
 PROMPTS = typer.Option(None, "--prompts", help="Spec-Bench style .jsonl [default: the built-in on-device set].")
 LIMIT = typer.Option(None, "--limit", help="Run an evenly spread subset of N prompts.")
 MAX_NEW_TOKENS = typer.Option(128, "--max-new-tokens", "-n")
+TREE = typer.Option(False, "--tree", help=f"Draft a tree of -k nodes [default {TREE_NODES}] from the head.")
+SWITCH = typer.Option(False, "--switch", help=f"Each round, draft the prompt-lookup continuation (up to -k tokens "
+                      f"[default {SWITCH_TOKENS}]) when the text repeats, else the head's chain.")
 
 
 @app.callback()
@@ -89,20 +94,23 @@ def _warn(message: str) -> None:
     typer.echo(message, err=True)
 
 
-def _text_stream(tokenizer: Any) -> Callable[[list[int]], None]:
-    """A callback that prints accepted tokens as text as they arrive (decoding the whole output
-    each time, so that tokens that only form a character together print correctly)."""
-    shown: list[int] = []
-    printed = [""]
+def _printer(tokenizer: Any) -> Callable[..., None]:
+    """A callback that prints each round's tokens as text as they arrive (`TextStream`, the
+    server's detokenizer too); call it with `final=True` at the end for any text held back."""
+    text = TextStream(lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
 
-    def on_tokens(new: list[int]) -> None:
-        shown.extend(new)
-        text = tokenizer.decode(shown, skip_special_tokens=True)
-        sys.stdout.write(text[len(printed[0]):])
+    def show(new: list[int], final: bool = False) -> None:
+        sys.stdout.write("".join(p.text for p in text.push(new, final=final)))
         sys.stdout.flush()
-        printed[0] = text
 
-    return on_tokens
+    return show
+
+
+def drafter_kind(tree: bool, switch: bool) -> str:
+    """--tree / --switch as a `build_drafter` kind (neither: the head's chain)."""
+    if tree and switch:
+        raise InputError("--tree and --switch are two ways to draft; choose one.")
+    return "tree" if tree else "switch" if switch else "chain"
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -123,32 +131,27 @@ def generate(
     dtype: str = DTYPE,
     compare: bool = typer.Option(False, "--compare", help="Also decode plainly (k=0) and print both speeds side by side."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
-    tree: bool = typer.Option(False, "--tree", help="Draft a tree of -k nodes [default 8] from the head."),
-    switch: bool = typer.Option(False, "--switch", help="Each round, draft the prompt-lookup continuation (up to -k "
-                                "tokens [default 6]) when the text repeats, else the head's chain."),
+    tree: bool = TREE,
+    switch: bool = SWITCH,
 ) -> None:
     """Generate text from a prompt with speculative decoding, streaming tokens as accepted."""
     from . import generate as decode
-    from .core.drafters import SWITCH_TOKENS, TREE_NODES, SwitchDrafter, TreeDrafter, tree_shape
+    from .core.drafters import build_drafter
     from .measure.compare import compare as compare_plain
     from .models import chat_ids
-    from .pretrained import default_k, resolve_head
+    from .pretrained import resolve_head
 
+    kind = drafter_kind(tree, switch)
     loaded, tgt = open_target(target, dtype)
-    mtp = resolve_head(tgt, loaded.name, head, fresh_head, _warn).head
-    if tree and switch:
-        raise InputError("--tree and --switch are two ways to draft; choose one.")
-    k = (TREE_NODES if tree else SWITCH_TOKENS if switch else default_k(mtp)) if num_draft_tokens is None else num_draft_tokens
-    if tree:
-        mtp = TreeDrafter(mtp, tree_shape(tgt.engine))
-    elif switch:
-        mtp = SwitchDrafter(mtp, head_tokens=default_k(mtp))
+    drafter, k = build_drafter(resolve_head(tgt, loaded.name, head, fresh_head, _warn).head, kind, k=num_draft_tokens)
     ids = chat_ids(loaded.tokenizer, prompt)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    stream = None if as_json else _text_stream(loaded.tokenizer)
-    cmp = compare_plain(tgt, mtp, ids, k, max_new_tokens, on_tokens=stream, **sampling) if compare else None
-    out = cmp.spec if cmp else decode(tgt, mtp, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k,
+    stream = None if as_json else _printer(loaded.tokenizer)
+    cmp = compare_plain(tgt, drafter, ids, k, max_new_tokens, on_tokens=stream, **sampling) if compare else None
+    out = cmp.spec if cmp else decode(tgt, drafter, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k,
                                       on_tokens=stream, **sampling)
+    if stream:
+        stream([], final=True)
     s = out.stats
     if as_json:
         new_ids = out.sequences[0, ids.shape[1]:].tolist()
@@ -406,7 +409,7 @@ def bench(
     lookup_tokens: int = typer.Option(10, "--lookup-tokens", help="prompt_lookup_num_tokens for `lookup`."),
     llamacpp_lookup_k: int = typer.Option(2, "--llamacpp-lookup-k", help="Drafts per round (num_pred_tokens) of "
                                           "`llamacpp-lookup`."),
-    out: Path = typer.Option(None, "--out", "-o", help="Report directory [default: reports/bench-<date>]."),
+    out: Path = typer.Option(None, "--out", "-o", help="Report directory [default: bench-out/<date>-<time>]."),
     threads: int = THREADS,
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
 ) -> None:
@@ -427,7 +430,7 @@ def bench(
                       switch_tokens=switch_tokens, llamacpp_lookup_k=llamacpp_lookup_k)
     plist = load_prompts(prompts, limit)  # fail on a bad prompts file before loading any model
     now = datetime.datetime.now()
-    out = out or Path("reports") / f"bench-{now:%Y%m%d-%H%M%S}"
+    out = out or Path("bench-out") / f"{now:%Y%m%d-%H%M%S}"
 
     loaded, tgt = open_target(target, dtype)
     hf_torch_dtype = tgt.dtype if hf_dtype == "same" else resolve_dtype(hf_dtype)
@@ -541,8 +544,8 @@ def serve(
                                   "one more gets 429."),
     max_tokens_limit: int = typer.Option(1024, "--max-tokens-limit", help="Most new tokens one request may ask for."),
     default_max_tokens: int = typer.Option(128, "--default-max-tokens", help="New tokens when a request names no max_tokens."),
-    switch: bool = typer.Option(False, "--switch", help="Each round, draft the prompt-lookup continuation (up to -k "
-                                "tokens [default 6]) when the text repeats, else the head's chain."),
+    tree: bool = TREE,
+    switch: bool = SWITCH,
     threads: int = THREADS,
 ) -> None:
     """Serve the target with its head over HTTP: OpenAI-compatible /v1/chat/completions and /v1/completions
@@ -556,7 +559,7 @@ def serve(
     from .serve import load_engine
 
     set_threads(threads)
-    engine = load_engine(target, head, dtype, num_draft_tokens, warn=_warn, switch=switch, max_queue=max_queue,
+    engine = load_engine(target, head, dtype, num_draft_tokens, warn=_warn, drafter=drafter_kind(tree, switch), max_queue=max_queue,
                          max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens)
     try:
         uvicorn.run(create_app(engine), host=host, port=port)

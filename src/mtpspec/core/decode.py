@@ -22,8 +22,7 @@ from ..config import SamplingConfig
 from ..errors import InputError
 from .cache import KVCache
 from .draft import Draft, Drafter, DraftInput
-from .drafters import TreeDrafter
-from .head import MTPHead
+from .drafters import build_drafter
 from .kernels import R_MAX
 from .sampling import make_generator, probs_from_logits, sample
 from .stats import DecodeStats
@@ -211,7 +210,7 @@ def generate(
     drafter: Drafter | None,
     input_ids: torch.Tensor,
     max_new_tokens: int = 128,
-    num_draft_tokens: int = 4,
+    num_draft_tokens: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     temperature: float | None = 0.0,
     top_k: int | None = 0,
@@ -226,18 +225,14 @@ def generate(
     in every dtype, and in fp32 equals `model.generate(do_sample=False)`; sampled output is
     distributed exactly as the target's with the same settings. `on_tokens` is called with
     each round's new token ids (for streaming). top_k / top_p None mean off, as in HF.
-    `tree=True` drafts a tree of `num_draft_tokens` nodes from an MTP head (greedy or sampled)."""
+    `num_draft_tokens` None: the drafter's own k (a head's measured best). `tree=True` drafts a
+    tree of `num_draft_tokens` nodes from an MTP head (greedy or sampled), the same tree as
+    `mtpspec generate --tree` (`drafters.build_drafter`)."""
     t = target if isinstance(target, Target) else Target(target)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    _check_draft_count(num_draft_tokens)
-    if tree:
-        if not isinstance(drafter, MTPHead):
-            raise InputError("tree=True builds a draft tree from an MTPHead; pass the head as the drafter.")
-        drafter = TreeDrafter(drafter)
-    if drafter is not None and not isinstance(drafter, Drafter):
-        raise InputError(f"{type(drafter).__name__} is not a Drafter: it needs `hidden_layers`, `propose()` and "
-                         "`update()` (see mtpspec.core.draft.Drafter).")
-    k = num_draft_tokens if drafter is not None else 0
+    drafter, k = build_drafter(drafter, "tree" if tree else "chain", k=num_draft_tokens)
+    _check_draft_count(k)
+    k = k if drafter is not None else 0
     layers = drafter.hidden_layers if drafter is not None else (-1,)
     state, new = prefill(t, input_ids, max_new_tokens, layers, sampling, eos_token_id, k)
     while True:

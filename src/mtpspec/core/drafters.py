@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..config import SamplingConfig
 from ..errors import InputError
 from .cache import KVCache
-from .draft import Draft, DraftInput
+from .draft import Draft, Drafter, DraftInput
 from .head import MTPHead
 from .rope import signed_sin
 
@@ -49,8 +50,8 @@ from .rope import signed_sin
 class RoundCosts:
     """What the parts of a round cost, as fractions of one target forward over one token. The
     cost-shaped tree keeps a node only where its chance of acceptance pays for what it adds.
-    Defaults: measured on a 2-core Xeon with AMX (bf16, SmolLM2-135M, 120-450 cached tokens,
-    2026-11-30); `mtpspec costs` measures them on yours."""
+    The defaults were measured op by op on a 2-core Xeon with AMX (bf16, SmolLM2-135M, a few
+    hundred cached tokens; reports/drafting/tree-shapes/); `mtpspec costs` measures them on yours."""
 
     # One more verify row that continues a chain (the spine, or a branch's own chain).
     row: float = 0.007
@@ -89,9 +90,8 @@ class TreeConfig:
     # Cost-shaped trees: the first node of a branch pays the plane for the whole branch, so
     # credit it with the drafts its branch is expected to add after it: p * (1 + continuation),
     # continuation = the running mean of accepted drafts after the first, over rounds that
-    # accepted one. Off by default: on this CPU it bought tokens per forward (on-device 1.89 ->
-    # 1.98, Spec-Bench 1.53 -> 1.59) but cost wall time on-device (tree / chain 1.065-1.094 ->
-    # 1.041-1.043; reports/drafting/tree-shapes/); where a plane costs less, it may pay.
+    # accepted one. Off by default: on the 2-core CPU it bought tokens per forward but cost wall
+    # time (reports/drafting/tree-shapes/); where a plane costs less, it may pay.
     branch_credit: bool = False
     # Share of a depth's probability expected to pay at the next depth (from a sweep of
     # simulated rounds on the built-in and Spec-Bench prompts: 0.3 was best on both).
@@ -109,24 +109,21 @@ class TreeConfig:
                              f"{self.feedback}.")
 
 
-# The tree that `mtpspec bench` (mtp-tree, hybrid) and `mtpspec generate --tree` use: at most
-# 8 nodes and 6 deep, shaped each round by the costs (`RoundCosts`), and (hybrid) a
-# prompt-lookup branch of up to 6. In simulated rounds over the head's own candidates at every
-# position of the greedy outputs (built-in and 48 Spec-Bench prompts), costs from this machine,
-# it beat every fixed chain and the fixed tree (8 nodes, depth 4, floor 0.1) on both sets
-# (README, "Draft trees"). `FIXED_TREE` is that fixed tree.
+# The tree that `build_drafter` makes for "tree" and "hybrid" (so `generate --tree`,
+# `generate(tree=True)`, `bench --methods mtp-tree,hybrid` and `acceptance --tree` alike): at
+# most 8 nodes and 6 deep, shaped each round by the costs (`RoundCosts`), and (hybrid) a
+# prompt-lookup branch of up to 6. In simulated rounds over the head's own candidates (built-in
+# and Spec-Bench prompts) it beat every fixed chain and the fixed tree (8 nodes, depth 4, floor
+# 0.1) on both sets (reports/drafting/tree-shapes/). `FIXED_TREE` is that fixed tree.
 TREE_NODES = 8
 TREE_SHAPE = TreeConfig(costs=RoundCosts())
 FIXED_TREE = TreeConfig(max_depth=4, min_branch_prob=0.1)
 HYBRID_LOOKUP = 6
-# What a round's parts cost where the target runs the fused forward (`fused.py`; 2026-12-01,
-# the 2-core Xeon, bf16, 256-1,000 cached tokens: a 9-token verify 1.25-1.28x a one-token one;
-# a head step ~0.65 ms of a ~12-14 ms forward, plus its share of the round's Python). A branch
-# costs no more than its rows there: tree rows attend their ancestors in place. With these
-# prices the 8-node tree reached 1.64 tokens per forward on 48 Spec-Bench prompts against 1.54
-# with the op-by-op ones (plane 0.09 kept most branches out); step 0.1 against 0.05 cost 0.01
-# of that and bought wall time (tree / chain 1.039-1.041x vs 1.016x on Spec-Bench, 1.075x vs
-# 1.076x on the built-in set; `reports/fused/fused-v2/`).
+# What a round's parts cost where the target runs the fused forward (`fused.py`), measured on
+# the same 2-core Xeon (bf16, 256-1,000 cached tokens). A branch costs no more than its rows
+# there: tree rows attend their ancestors in place, so the plane is free. With these prices the
+# tree kept more branches and accepted more per forward than with the op-by-op ones, and a
+# dearer head step (0.1, not 0.05) bought wall time for little acceptance (reports/fused/fused-v2/).
 FUSED_COSTS = RoundCosts(row=0.03, plane=0.0, step=0.1)
 
 
@@ -406,21 +403,25 @@ class HybridDrafter:
         return _as_draft(nodes)
 
 
-SWITCH_TOKENS = 6  # default longest lookup draft of a switch round (a 7-row verify costs ~1.08x one row here)
+SWITCH_TOKENS = 6  # default longest lookup draft of a switch round (a 7-row verify costs little more than one row)
 
 
 class SwitchDrafter:
     """Each round one chain, whichever is cheaper to have: the prompt-lookup continuation (up to
-    k tokens) when the text so far repeats its last n-gram and at least `min_lookup` tokens
-    follow, else the head's own chain of `head_tokens` (None: k). Greedy output is plain
+    `lookup_tokens`, None: k) when the text so far repeats its last n-gram and at least
+    `min_lookup` tokens follow, else the head's own chain of `head_tokens` (None: k; 0: no head
+    drafts, lookup rounds only). Never more than the round's k. Greedy output is plain
     decoding's; sampled lookup drafts carry no q and are verified as point masses (exact)."""
 
-    def __init__(self, head: MTPHead, head_tokens: int | None = None, min_lookup: int = 2, max_ngram: int = 3):
-        if min_lookup < 1 or max_ngram < 1 or (head_tokens is not None and head_tokens < 1):
-            raise InputError(f"SwitchDrafter needs min_lookup, max_ngram and head_tokens >= 1, got {min_lookup}, "
-                             f"{max_ngram} and {head_tokens}.")
+    def __init__(self, head: MTPHead, head_tokens: int | None = None, min_lookup: int = 2, max_ngram: int = 3,
+                 lookup_tokens: int | None = None):
+        if min_lookup < 1 or max_ngram < 1 or (head_tokens is not None and head_tokens < 0) or \
+                (lookup_tokens is not None and lookup_tokens < 1):
+            raise InputError(f"SwitchDrafter needs min_lookup, max_ngram and lookup_tokens >= 1 and head_tokens >= 0, "
+                             f"got {min_lookup}, {max_ngram}, {lookup_tokens} and {head_tokens}.")
         self.head = head
         self.head_tokens = head_tokens
+        self.lookup_tokens = lookup_tokens
         self.min_lookup = min_lookup
         self.max_ngram = max_ngram
         self.last = "head"  # which drafter proposed the last round: "lookup" or "head"
@@ -435,9 +436,75 @@ class SwitchDrafter:
 
     @torch.no_grad()
     def propose(self, inp: DraftInput, k: int, sampling: SamplingConfig, generator: torch.Generator | None) -> Draft:
-        cont = lookup(inp.tokens[0].tolist(), k, self.max_ngram)
+        cont = lookup(inp.tokens[0].tolist(), min(k, self.lookup_tokens or k), self.max_ngram)
         if len(cont) >= self.min_lookup:
             self.last = "lookup"
             return Draft(tokens=torch.tensor(cont, dtype=torch.long))
         self.last = "head"
-        return self.head.propose(inp, min(k, self.head_tokens or k), sampling, generator)
+        n = min(k, k if self.head_tokens is None else self.head_tokens)
+        if n == 0:
+            return Draft(tokens=torch.zeros(0, dtype=torch.long))
+        return self.head.propose(inp, n, sampling, generator)
+
+
+# -- one place where words become a drafter ----------------------------------------------------
+DRAFTER_KINDS = ("chain", "tree", "hybrid", "switch", "lookup")
+# Drafts per round for a head that records no measured k: a safe middle of the k sweep.
+FALLBACK_K = 3
+
+
+def default_k(head: Any) -> int:
+    """The head's own drafts per round: the k measured best for it (saved as `recommended_k`,
+    either one int or one per dtype, e.g. {"float32": 4, "bfloat16": 2}: the cost of verifying
+    k + 1 tokens depends on the dtype's kernels), else FALLBACK_K.
+
+    A recorded 0 means no k measured faster than plain decoding for that dtype: plain decoding
+    it is (the output is the same either way)."""
+    rec = getattr(head, "recommended_k", None)
+    if isinstance(rec, dict):
+        dtype = str(next(head.parameters()).dtype).removeprefix("torch.")
+        rec = rec.get(dtype)
+    return FALLBACK_K if rec is None else int(rec)
+
+
+def build_drafter(head: MTPHead | Drafter | None, kind: str = "chain", *, k: int | None = None,
+                  head_k: int | None = None, tree: TreeConfig | None = None,
+                  lookup_tokens: int | None = None) -> tuple[Drafter | None, int]:
+    """The drafter `kind` names, built on `head`, and the k to run it with (`step`'s
+    num_draft_tokens). The CLI, the server, the bench and `generate` all build drafters here, so
+    the same words build the same drafter everywhere.
+
+    kind:
+      "chain"  the head's own chain of k (`head` may be any Drafter; None = plain decoding)
+      "tree"   a tree of at most k nodes from the head, shaped by `tree`
+      "hybrid" that tree with a prompt-lookup branch of up to `lookup_tokens` merged in
+      "switch" each round the prompt-lookup continuation of up to k tokens when the text repeats,
+               else the head's chain of `head_k`; the round's k is the longer of the two
+      "lookup" prompt lookup alone, up to k tokens (no head)
+    Defaults, declared here once: k None is the head's own k (`default_k`) for a chain,
+    TREE_NODES for a tree or hybrid, SWITCH_TOKENS for a lookup; `head_k` None is the head's own
+    k; `tree` None is the cost-shaped tree priced for the head's target (`tree_shape`);
+    `lookup_tokens` None is HYBRID_LOOKUP."""
+    if kind not in DRAFTER_KINDS:
+        raise InputError(f"Unknown drafter {kind!r}; choose from {', '.join(DRAFTER_KINDS)}.")
+    if kind == "lookup":
+        return LookupDrafter(), SWITCH_TOKENS if k is None else k
+    if kind == "chain":
+        if head is None:
+            return None, 0 if k is None else k
+        if not isinstance(head, Drafter):
+            raise InputError(f"{type(head).__name__} is not a Drafter: it needs `hidden_layers`, `propose()` and "
+                             "`update()` (see mtpspec.core.draft.Drafter).")
+        return head, default_k(head) if k is None else k
+    if not isinstance(head, MTPHead):
+        raise InputError(f"A {kind} drafter is built from an MTPHead; pass the head as the drafter, not "
+                         f"{type(head).__name__}.")
+    if kind == "switch":
+        chain = default_k(head) if head_k is None else head_k
+        longest = SWITCH_TOKENS if k is None else k
+        return SwitchDrafter(head, head_tokens=chain, lookup_tokens=longest), max(longest, chain)
+    shape = tree if tree is not None else tree_shape(head.target.engine)
+    nodes = TREE_NODES if k is None else k
+    if kind == "tree":
+        return TreeDrafter(head, shape), nodes
+    return HybridDrafter(head, shape, lookup_tokens=HYBRID_LOOKUP if lookup_tokens is None else lookup_tokens), nodes

@@ -38,10 +38,8 @@ from ..core.drafters import (
     SWITCH_TOKENS,
     TREE_NODES,
     TREE_SHAPE,
-    HybridDrafter,
-    SwitchDrafter,
     TreeConfig,
-    TreeDrafter,
+    build_drafter,
     tree_config,
 )
 from ..core.stats import DecodeStats
@@ -256,7 +254,7 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
     notes: list[str] = []
     if cfg.needs_head and head is None:
         raise InputError("The mtp methods need an MTP head: pass one, or leave mtp out of --methods and --sweep.")
-    k = cfg.num_draft_tokens if cfg.num_draft_tokens is not None else _head_k(head)
+    k = build_drafter(head, "chain", k=cfg.num_draft_tokens)[1]
     methods = []
     for name in cfg.methods:
         if name == "hf":
@@ -265,15 +263,13 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
             methods.append(mtpspec_method("k0", target, None, 0, cfg.max_new_tokens))
         elif name == "mtp":
             methods.append(mtpspec_method("mtp", target, head, k, cfg.max_new_tokens))
-        elif name == "mtp-tree":
-            tree = TreeDrafter(head, cfg.tree_config(target.engine))
-            methods.append(mtpspec_method("mtp-tree", target, head, cfg.tree_nodes, cfg.max_new_tokens, tree))
-        elif name == "hybrid":
-            hybrid = HybridDrafter(head, cfg.tree_config(target.engine), lookup_tokens=cfg.hybrid_lookup)
-            methods.append(mtpspec_method("hybrid", target, head, cfg.tree_nodes, cfg.max_new_tokens, hybrid))
+        elif name in ("mtp-tree", "hybrid"):
+            drafter, n = build_drafter(head, name.removeprefix("mtp-"), k=cfg.tree_nodes,
+                                       tree=cfg.tree_config(target.engine), lookup_tokens=cfg.hybrid_lookup)
+            methods.append(mtpspec_method(name, target, head, n, cfg.max_new_tokens, drafter))
         elif name == "switch":
-            switch = SwitchDrafter(head, head_tokens=k)
-            methods.append(mtpspec_method("switch", target, head, max(cfg.switch_tokens, k or 1), cfg.max_new_tokens, switch))
+            drafter, n = build_drafter(head, "switch", k=cfg.switch_tokens, head_k=k)
+            methods.append(mtpspec_method("switch", target, head, n, cfg.max_new_tokens, drafter))
         elif name == "lookup":
             methods.append(hf_method("lookup", hf_model, cfg.max_new_tokens, prompt_lookup_num_tokens=cfg.lookup_tokens))
         elif name.startswith("llamacpp"):
@@ -298,12 +294,6 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
     for kk in cfg.sweep:
         methods.append(mtpspec_method(f"mtp_k{kk}", target, head, kk, cfg.max_new_tokens))
     return methods, notes
-
-
-def _head_k(head: Any) -> int | None:
-    from ..pretrained import default_k
-
-    return default_k(head) if head is not None else None
 
 
 # -- measuring --------------------------------------------------------------------------------

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from ..config import HeadConfig
+from ..core.drafters import FALLBACK_K as FALLBACK_K  # the head's own k lives with the drafters
+from ..core.drafters import default_k as default_k
 from ..core.head import CONFIG_NAME, MTPHead, saved_head_config
 
 HERE = Path(__file__).parent
-
-# Used when a head records no measured choice: a safe middle of the k sweep.
-FALLBACK_K = 3
 
 
 def shipped_head_dir(target_name: str) -> Path | None:
@@ -61,20 +60,6 @@ def load_head(head_dir: str | Path, target: Any) -> MTPHead:
 def load_head_config(head_dir: str | Path) -> HeadConfig:
     """The architecture of a saved head (without its weights)."""
     return saved_head_config(head_dir)
-
-
-def default_k(head: Any) -> int:
-    """Drafts per round: the k measured best for this head (saved as `recommended_k`, either
-    one int or one per dtype, e.g. {"float32": 4, "bfloat16": 2}: the cost of verifying k + 1
-    tokens depends on the dtype's kernels).
-
-    A recorded 0 means no k measured faster than plain decoding for that dtype: plain decoding
-    it is (the output is the same either way)."""
-    rec = getattr(head, "recommended_k", None)
-    if isinstance(rec, dict):
-        dtype = str(next(head.parameters()).dtype).removeprefix("torch.")
-        rec = rec.get(dtype)
-    return FALLBACK_K if rec is None else int(rec)
 
 
 def save_recommended_k(head_dir: str | Path, dtype: str, k: int) -> dict[str, int]:

@@ -21,10 +21,11 @@ import torch
 
 from ..config import SamplingConfig
 from ..core.decode import DecodeState, prefill, step
+from ..core.drafters import build_drafter
 from ..core.stats import DecodeStats
 from ..core.target import Target
+from ..detokenize import Piece, TextStream
 from ..errors import BusyError, InputError, MtpspecError
-from .text import Piece, TextStream
 
 log = logging.getLogger("mtpspec.serve")
 
@@ -36,8 +37,9 @@ OUTCOMES = ("ok", "cancelled", "error", "rejected")
 class ServeConfig:
     # The model id that GET /v1/models lists and every response echoes.
     model_name: str = "mtpspec"
-    # Drafts per round; 0 = plain decoding (same output, one target forward per token).
-    num_draft_tokens: int = 4
+    # Drafts per round; 0 = plain decoding (same output, one target forward per token); None =
+    # the drafter's own k (a head's measured best, `drafters.default_k`).
+    num_draft_tokens: int | None = None
     # Requests that may wait behind the one being decoded; one more is refused with 429.
     max_queue: int = 16
     # The most new tokens one request may ask for (max_tokens above it: 400).
@@ -48,7 +50,7 @@ class ServeConfig:
     max_stop: int = 16
 
     def __post_init__(self) -> None:
-        if self.num_draft_tokens < 0:
+        if self.num_draft_tokens is not None and self.num_draft_tokens < 0:
             raise InputError(f"num_draft_tokens must be >= 0 (0 = plain decoding), got {self.num_draft_tokens}.")
         if self.max_queue < 0:
             raise InputError(f"max_queue must be >= 0, got {self.max_queue}.")
@@ -130,11 +132,13 @@ class Engine:
     """Owns a target, a drafter and a tokenizer; decodes one request at a time on its own thread."""
 
     def __init__(self, target: Any, drafter: Any, tokenizer: Any, config: ServeConfig | None = None):
-        """`target`: a `Target` or a Hugging Face model; `drafter`: a `Drafter` (an `MTPHead`), None = plain decoding."""
+        """`target`: a `Target` or a Hugging Face model; `drafter`: a `Drafter` (an `MTPHead`, or one
+        `build_drafter` built), None = plain decoding."""
         self.target = target if isinstance(target, Target) else Target(target)
-        self.drafter = drafter
         self.tokenizer = tokenizer
         self.config = config or ServeConfig()
+        self.drafter, k = build_drafter(drafter, "chain", k=self.config.num_draft_tokens)
+        self._k = k if drafter is not None else 0
         self.metrics = Metrics()
         self._waiting: deque[Job] = deque()
         self._cond = threading.Condition()
@@ -149,7 +153,7 @@ class Engine:
     # -- what the HTTP side calls ----------------------------------------------------------------
     @property
     def num_draft_tokens(self) -> int:
-        return self.config.num_draft_tokens if self.drafter is not None else 0
+        return self._k
 
     def queue_depth(self) -> int:
         """Requests waiting behind the one being decoded."""
@@ -329,18 +333,15 @@ def render_metrics(engine: Engine) -> str:
 
 
 def load_engine(target: str | None = None, head: str | Path | None = None, dtype: str = "auto",
-                num_draft_tokens: int | None = None, warn: Any = None, switch: bool = False, **config: Any) -> Engine:
+                num_draft_tokens: int | None = None, warn: Any = None, drafter: str = "chain", **config: Any) -> Engine:
     """The model, its head and tokenizer, loaded as `mtpspec generate` loads them, in an Engine.
-    `num_draft_tokens` None: the head's tuned k (with `switch`: 6, the longest lookup draft).
-    `switch`: draft with `SwitchDrafter` (the prompt-lookup continuation when the text repeats,
-    else the head's chain). `config`: further ServeConfig fields."""
-    from ..core.drafters import SWITCH_TOKENS, SwitchDrafter
+    `drafter`: a `build_drafter` kind ("chain", "tree", "switch", ...), built as `mtpspec
+    generate` builds it; `num_draft_tokens` None: that drafter's default k. `config`: further
+    ServeConfig fields."""
     from ..models import load_target
-    from ..pretrained import default_k, resolve_head
+    from ..pretrained import resolve_head
 
     loaded = load_target(target, dtype)
     tgt = Target(loaded.model)
-    mtp = resolve_head(tgt, loaded.name, head, warn=warn).head
-    k = (SWITCH_TOKENS if switch else default_k(mtp)) if num_draft_tokens is None else num_draft_tokens
-    drafter = SwitchDrafter(mtp, head_tokens=default_k(mtp)) if switch else mtp
-    return Engine(tgt, drafter, loaded.tokenizer, ServeConfig(model_name=loaded.name, num_draft_tokens=k, **config))
+    built, k = build_drafter(resolve_head(tgt, loaded.name, head, warn=warn).head, drafter, k=num_draft_tokens)
+    return Engine(tgt, built, loaded.tokenizer, ServeConfig(model_name=loaded.name, num_draft_tokens=k, **config))

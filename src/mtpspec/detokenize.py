@@ -1,10 +1,11 @@
-"""Token ids in, text out, for a stream: incremental detokenization and stop strings.
+"""Token ids in, text out, for a stream: incremental detokenization and stop strings. The one
+detokenizer of `mtpspec generate` (printing) and `mtpspec serve` (streamed replies).
 
 Each push decodes the whole output so far (tokens that only form a character together come
-out right, as `mtpspec generate` streams), and releases only text that cannot change any more:
-a trailing U+FFFD may be half a character, and the last len(longest stop) - 1 characters may
-be the start of a stop string. Released text is split back into per-token pieces, so a client
-can show which tokens were accepted drafts and which the target's own."""
+out right), and releases only text that cannot change any more: a trailing U+FFFD may be half
+a character, and the last len(longest stop) - 1 characters may be the start of a stop string.
+Released text is split back into per-token pieces, so a client can show which tokens were
+accepted drafts and which the target's own."""
 
 from __future__ import annotations
 
@@ -37,12 +38,13 @@ class TextStream:
         """All text released so far."""
         return self._text[: self.released]
 
-    def push(self, ids: Sequence[int], drafted: Sequence[bool], final: bool = False) -> list[Piece]:
-        """Add one round's tokens; return the newly released text as pieces. `final`: no more
-        tokens will come, so release everything (up to a stop string)."""
+    def push(self, ids: Sequence[int], drafted: Sequence[bool] | None = None, final: bool = False) -> list[Piece]:
+        """Add one round's tokens (`drafted`: which were accepted drafts; None = none); return the
+        newly released text as pieces. `final`: no more tokens will come, so release everything
+        (up to a stop string)."""
         if self.stopped:
             return []
-        for tok, d in zip(ids, drafted):
+        for tok, d in zip(ids, drafted if drafted is not None else [False] * len(ids)):
             self._ids.append(int(tok))
             self._text = self._decode(self._ids)
             stable = len(self._text.rstrip(REPLACEMENT))
