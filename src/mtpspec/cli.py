@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -99,7 +99,7 @@ def _printer(tokenizer: Any) -> Callable[..., None]:
     server's detokenizer too); call it with `final=True` at the end for any text held back."""
     text = TextStream(lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
 
-    def show(new: list[int], final: bool = False) -> None:
+    def show(new: Sequence[int], final: bool = False) -> None:
         sys.stdout.write("".join(p.text for p in text.push(new, final=final)))
         sys.stdout.flush()
 

@@ -216,7 +216,7 @@ def generate(
     top_k: int | None = 0,
     top_p: float | None = 1.0,
     seed: int | None = None,
-    on_tokens: Callable[[list[int]], None] | None = None,
+    on_tokens: Callable[[Round], None] | None = None,
     tree: bool = False,
 ) -> GenerateOutput:
     """Decode with the target, drafting `num_draft_tokens` per round with `drafter`.
@@ -224,7 +224,8 @@ def generate(
     Greedy (temperature 0) output equals plain decoding (`num_draft_tokens=0`) token for token,
     in every dtype, and in fp32 equals `model.generate(do_sample=False)`; sampled output is
     distributed exactly as the target's with the same settings. `on_tokens` is called with
-    each round's new token ids (for streaming). top_k / top_p None mean off, as in HF.
+    each round (for streaming): a `Round`, its new token ids and which of them were accepted
+    drafts. top_k / top_p None mean off, as in HF.
     `num_draft_tokens` None: the drafter's own k (a head's measured best). `tree=True` drafts a
     tree of `num_draft_tokens` nodes from an MTP head (greedy or sampled), the same tree as
     `mtpspec generate --tree` (`drafters.build_drafter`)."""

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..config import SamplingConfig
-from ..core.decode import DecodeState, prefill, step
+from ..core.decode import DecodeState, Round, prefill, step
 from ..core.drafters import build_drafter
 from ..core.stats import DecodeStats
 from ..core.target import Target
@@ -273,9 +273,8 @@ class Engine:
         outcome = "error"
         try:
             state, new = prefill(self.target, r.input_ids, r.max_new_tokens, layers, r.sampling, None, k)
-            drafted = [False] * len(new)  # the prefill's token is the target's own
-            while True:
-                pieces = text.push(new, drafted, final=state.done)
+            while True:  # `new`: the round's tokens and which of them were accepted drafts
+                pieces = text.push(new.tokens, new.drafted, final=state.done)
                 done = state.done or text.stopped
                 job.push(self._chunk(state, new, pieces, self._finish_reason(state, text) if done else None))
                 if done:
@@ -284,10 +283,7 @@ class Engine:
                 if job.cancelled:
                     outcome = "cancelled"
                     break
-                passed = sum(state.stats.pos_passed)
                 new = step(self.target, self.drafter, state, k)
-                n = sum(state.stats.pos_passed) - passed  # the round's accepted drafts come first
-                drafted = [j < n for j in range(len(new))]
         except MtpspecError as e:
             job.push(e)
         except Exception as e:  # a bug, not the user's mistake: report it, keep serving
@@ -302,9 +298,9 @@ class Engine:
         return "stop" if text.stopped or int(state.tokens[0, -1]) in state.eos else "length"
 
     @staticmethod
-    def _chunk(state: DecodeState, new: list[int], pieces: list[Piece], finish: str | None) -> Chunk:
+    def _chunk(state: DecodeState, new: Round, pieces: list[Piece], finish: str | None) -> Chunk:
         s = state.stats
-        return Chunk(pieces=tuple(pieces), token_ids=tuple(new), prompt_tokens=state.prompt_length,
+        return Chunk(pieces=tuple(pieces), token_ids=new.tokens, prompt_tokens=state.prompt_length,
                      completion_tokens=state.num_new, target_forwards=s.target_forwards, mean_accepted=s.mean_accepted,
                      tokens_per_s=s.tokens_per_s, finish_reason=finish)
 
