@@ -197,7 +197,7 @@ def test_data_then_train_then_generate(model_dir, tmp_path):
     flags = torch.load(run / "checkpoint.pt", weights_only=False)["train_config"]
     assert (flags["kind"], flags["max_draft_tokens"], flags["lr"], flags["bf16"]) == ("mtp", 2, 0.002, False)
     head = MTPHead.from_pretrained(run / "head", model)
-    assert head.config.max_draft_tokens == 2 and head.config.hidden_layers == (-2, -1)
+    assert head.config.trained_draft_tokens == 2 and head.config.hidden_layers == (-2, -1)
     r = runner.invoke(app, ["generate", "--target", str(d), "--head", str(run / "head"), "--prompt", "w7", "-n", "6",
                             "-k", "2", "--json"])
     assert r.exit_code == 0, r.output

@@ -328,7 +328,7 @@ def test_draft_vocabulary_maps_back_to_target_ids(tiny_run, tmp_path):
     train(Target(model), root / "act", tmp_path, TrainConfig(epochs=1, **FAST), HeadConfig(draft_vocab_size=32),
           progress=False)
     head = MTPHead.from_pretrained(tmp_path / "head", model)
-    assert head.config.max_draft_tokens == FAST["max_draft_tokens"]  # trained for 3, whatever HeadConfig() said
+    assert head.config.trained_draft_tokens == FAST["max_draft_tokens"]  # trained for 3, and records it
     freq = token_frequencies(load_cache(root / "act"), 97)
     ids = head.draft_ids.tolist()
     assert len(ids) == 32 and ids == sorted(ids)

@@ -290,8 +290,7 @@ def train(
                       draft_model_hidden=draft_model_hidden,
                       draft_model_layers=draft_model_layers, seed=seed)
     hc = HeadConfig(hidden_layers=tuple(parse_list(hidden_layers, int, "--hidden-layers")), kv_layer=kv_layer,
-                    num_blocks=num_blocks, mlp_ratio=mlp_ratio, draft_vocab_size=draft_vocab_size,
-                    max_draft_tokens=max_draft_tokens)
+                    num_blocks=num_blocks, mlp_ratio=mlp_ratio, draft_vocab_size=draft_vocab_size)
     r = train_on_data(data_dirs, out, cfg, hc, target, teacher_topk=teacher_topk, cache_dtype=cache_dtype, resume=resume,
                       max_steps=max_steps, init_head=init_head)
     if r is not None:  # rank 0 reports for all

@@ -25,8 +25,10 @@ class HeadConfig:
     # If > 0, the head scores only this many target tokens (the most frequent in the
     # training data); drafts map back to target ids. 0 = the full vocabulary.
     draft_vocab_size: int = 0
-    # Largest number of drafts per round the head is trained for (inference may use fewer).
-    max_draft_tokens: int = 6
+    # Draft steps the head was unrolled for in training: `train` records TrainConfig's
+    # max_draft_tokens here (None = never trained). A record, not a setting or a limit: the
+    # block is shared across steps, so a head drafts as many tokens per round as decoding asks.
+    trained_draft_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not self.hidden_layers:
@@ -38,8 +40,8 @@ class HeadConfig:
             raise InputError(f"HeadConfig.mlp_ratio must be >= 0, got {self.mlp_ratio}.")
         if self.draft_vocab_size < 0:
             raise InputError("HeadConfig.draft_vocab_size must be >= 0 (0 = full vocabulary).")
-        if self.max_draft_tokens < 1:
-            raise InputError("HeadConfig.max_draft_tokens must be >= 1.")
+        if self.trained_draft_tokens is not None and self.trained_draft_tokens < 1:
+            raise InputError("HeadConfig.trained_draft_tokens must be >= 1 (or None: untrained).")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -48,6 +50,9 @@ class HeadConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HeadConfig:
+        d = dict(d)
+        if "max_draft_tokens" in d:  # the record's name in heads saved before it was renamed
+            d["trained_draft_tokens"] = d.pop("max_draft_tokens")
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
@@ -96,7 +101,7 @@ class TrainConfig:
     # own embedding and KV cache: the baseline `mtpspec bench` runs as HF assisted generation).
     kind: str = "mtp"
     # Draft steps unrolled per position (the head's recurrence, exactly as at decode time), saved
-    # as HeadConfig.max_draft_tokens. The block is shared across steps, so a head drafts more
+    # as HeadConfig.trained_draft_tokens. The block is shared across steps, so a head drafts more
     # steps than it was unrolled for; a step's cost grows with the unroll, and at equal time 2
     # learned far more than 6 (reports/training/train-rows/).
     max_draft_tokens: int = 2

@@ -452,7 +452,7 @@ def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Sa
     train/held-out on its own), or `load_cache` views of them. `max_steps` stops early (as a
     kill would) - for tests and time-boxed runs. `init_head`: a saved head to continue from (its config and draft
     vocabulary are kept; `head_config` is then ignored), e.g. to go on training on more data.
-    A fresh head is trained for `cfg.max_draft_tokens`, whatever `head_config` says.
+    The head records `cfg.max_draft_tokens` as its `trained_draft_tokens`.
     """
     out = Path(out_dir)
     rank, world = init_distributed()
@@ -465,13 +465,14 @@ def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Sa
     for d in cache_dir if isinstance(cache_dir, list) else [cache_dir]:
         tr, he = split(d if isinstance(d, Samples) else load_cache(d), cfg)
         train_set, held = train_set + tr, held + he
-    hc = replace(head_config or HeadConfig(), max_draft_tokens=cfg.max_draft_tokens)
+    hc = replace(head_config or HeadConfig(), trained_draft_tokens=cfg.max_draft_tokens)
     torch.manual_seed(cfg.seed)
     if cfg.kind == "mtp":
         if init_head is not None:
             head = load_head(init_head, target).float()
-            if head.config.max_draft_tokens < cfg.max_draft_tokens:
-                raise InputError(f"{init_head} drafts at most {head.config.max_draft_tokens} tokens; "
+            trained = head.config.trained_draft_tokens  # None: saved untrained
+            if trained is not None and trained < cfg.max_draft_tokens:
+                raise InputError(f"{init_head} drafts at most {trained} tokens; "
                                  f"train it with max_draft_tokens <= that, not {cfg.max_draft_tokens}.")
         else:
             draft_ids = None
