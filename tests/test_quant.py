@@ -24,14 +24,20 @@ from mtpspec.core.quant import BLOCKS, NAMES, QTensor, mat
 SCALES = {2: (0,), 3: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
 
 
-def random_qtensor(qtype: int, O: int, I: int, seed: int = 0) -> QTensor:
-    """(O, I) of random blocks of `qtype`, with finite random fp16 scales."""
+def random_qtensor(qtype: int, O: int, I: int, seed: int = 0, std: float | None = None) -> QTensor:
+    """(O, I) of random blocks of `qtype`, with finite random fp16 scales; `std`: scales drawn
+    so that the dequantized weights have about that standard deviation."""
     n, b = BLOCKS[qtype]
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(O, I // n, b), dtype=np.uint8)
-    for off in SCALES[qtype]:
-        scale = (rng.standard_normal((O, I // n)) * 0.02).astype(np.float16)
-        raw[:, :, off:off + 2] = scale.view(np.uint8).reshape(O, I // n, 2)
+    scales = rng.standard_normal((len(SCALES[qtype]), O, I // n))
+    for size in (0.02, None):  # once at a unit size, then at the size that gives `std`
+        if size is None:
+            if std is None:
+                break
+            size = 0.02 * std / float(QTensor(qtype, (O, I), torch.from_numpy(raw.reshape(O, -1).copy())).dequantize().std())
+        for i, off in enumerate(SCALES[qtype]):
+            raw[:, :, off:off + 2] = (scales[i] * size).astype(np.float16).view(np.uint8).reshape(O, I // n, 2)
     return QTensor(qtype, (O, I), torch.from_numpy(raw.reshape(O, -1).copy()))
 
 

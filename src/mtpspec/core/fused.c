@@ -220,6 +220,48 @@ static inline __attribute__((always_inline)) void deq32(const uint8_t *row, cons
     }
 }
 
+/* Q4_0 / Q4_1 through a table: a block's 32 weights take at most 16 values (one per nibble), so
+ * the 16 are computed once (d * n + m; d * (n - 8)) and each weight is looked up by its
+ * nibble: the same values as deq32's per-weight arithmetic (the same steps on the same
+ * operands; d * n is exact, 11 by 4 significant bits, so one FMA rounds as mul then add does),
+ * in a third of the vector work. lut: the 16 values as fp32 lanes; lo/hi: nibble indices of
+ * inputs 0-15 / 16-31 (fp32) or idx: all 32 as 16-bit lanes (bf16). */
+static inline __m512 lut4(const uint8_t *b, const int qt) {
+    const __m512 n = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int32_t dm; /* d, and m after it (Q4_1): both fp16 scales widened by one conversion */
+    memcpy(&dm, b, 4);
+    const __m128 s = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+    const __m512 d = _mm512_broadcastss_ps(s);
+    if (qt == Q_4_1) return _mm512_fmadd_ps(d, n, _mm512_broadcastss_ps(_mm_movehdup_ps(s)));
+    return MUL(d, _mm512_sub_ps(n, _mm512_set1_ps(8.0f)));
+}
+#ifndef FUSED_F32
+static inline __attribute__((always_inline)) kvec deq32_bf16(const uint8_t *row, const int qt, int g) {
+    if (qt == Q_4_0 || qt == Q_4_1) {
+        const uint8_t *b = row + (size_t)(qt == Q_4_1 ? 20 : 18) * g;
+        const __m128i q = _mm_loadu_si128((const __m128i *)(b + (qt == Q_4_1 ? 4 : 2))), f = _mm_set1_epi8(15);
+        const __m256i nib = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(q, f)), _mm_and_si128(_mm_srli_epi16(q, 4), f), 1);
+        const __m512i lut = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(lut4(b, qt)));
+        return _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(nib), lut);
+    }
+    __m512 lo, hi;
+    deq32(row, qt, g, &lo, &hi);
+    return (kvec)_mm512_cvtne2ps_pbh(hi, lo); /* 32 bf16 in input order */
+}
+#else
+static inline __attribute__((always_inline)) void deq32_f32(const uint8_t *row, const int qt, int g, __m512 *lo, __m512 *hi) {
+    if (qt == Q_4_0 || qt == Q_4_1) {
+        const uint8_t *b = row + (size_t)(qt == Q_4_1 ? 20 : 18) * g;
+        const __m512i v = bytes16(b + (qt == Q_4_1 ? 4 : 2));
+        const __m512 lut = lut4(b, qt);
+        *lo = _mm512_permutexvar_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)), lut);
+        *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
+        return;
+    }
+    deq32(row, qt, g, lo, hi);
+}
+#endif
+
 /* dot_block for quantized weight rows: the same chains, each weight vector dequantized in
  * registers to its exact value (rounded to bf16 where the compute is bf16) right before use.
  * wr: 4 rows of `qt` blocks; I % 32 == 0. */
@@ -233,13 +275,12 @@ static inline __attribute__((always_inline)) void qdot_block(const elem *const *
     const int G = I / 32;
     const long pf = (long)PF_BLOCKS * 4 * rb, gb = rb / G; /* prefetch distance; bytes per group, on average */
     for (int g = 0; g < G; g++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(wr[j] + pf + g * gb), _MM_HINT_T0);
+#ifdef FUSED_F32
         __m512 lo[4], hi[4];
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            deq32(wr[j], qt, g, &lo[j], &hi[j]);
-            _mm_prefetch((const char *)(wr[j] + pf + g * gb), _MM_HINT_T0);
-        }
-#ifdef FUSED_F32
+        for (int j = 0; j < 4; j++) deq32_f32(wr[j], qt, g, &lo[j], &hi[j]);
 #pragma GCC unroll 6
         for (int i = 0; i < NR; i++) { /* the dense chain's two 16-element steps */
             const __m512 x0 = ldf(xr[i] + 32 * g, 16), x1 = ldf(xr[i] + 32 * g + 16, 16);
@@ -249,7 +290,7 @@ static inline __attribute__((always_inline)) void qdot_block(const elem *const *
 #else
         kvec wv[4];
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) wv[j] = (kvec)_mm512_cvtne2ps_pbh(hi[j], lo[j]); /* 32 bf16 in input order */
+        for (int j = 0; j < 4; j++) wv[j] = deq32_bf16(wr[j], qt, g);
 #pragma GCC unroll 6
         for (int i = 0; i < NR; i++) {
             const kvec xv = ldk(xr[i] + 32 * g, 32);

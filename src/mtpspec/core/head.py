@@ -159,7 +159,7 @@ class MTPHead(nn.Module):
                     f"draft_ids must hold {config.draft_vocab_size} ids below {target.vocab_size}."
                 )
             self.register_buffer("draft_ids", draft_ids.long().clone())
-            self.register_buffer("draft_weight", target.lm_head.weight[self.draft_ids].detach().clone(), persistent=False)
+            self.register_buffer("draft_weight", target.lm_head_rows(self.draft_ids).detach().clone(), persistent=False)
         else:
             self.draft_ids = None
             self.draft_weight = None
@@ -265,7 +265,7 @@ class MTPHead(nn.Module):
         """The target's LM head (or its draft-vocabulary rows, then `extra` rows: a round's
         additions from `round_vocab`) on an already-normed state, then the target's own logit
         scaling and soft-cap."""
-        w = self.target.lm_head.weight if self.draft_weight is None else self.draft_weight
+        w = self.target.lm_projection.dense(self.target.dtype) if self.draft_weight is None else self.draft_weight
         z = lin(w, normed)  # (..., V')
         if extra is not None:
             z = torch.cat([z, lin(extra, normed)], dim=-1)  # (..., V' + E)
@@ -286,7 +286,7 @@ class MTPHead(nn.Module):
         extra = seen.nonzero()[:, 0]  # (E,) ascending
         if extra.numel() == 0:
             return self.draft_ids, None
-        return torch.cat([self.draft_ids, extra]), self.target.lm_head.weight[extra].to(self.draft_weight.dtype)
+        return torch.cat([self.draft_ids, extra]), self.target.lm_head_rows(extra).to(self.draft_weight.dtype)
 
     def initial_state(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, T, F) target features -> (B, T, D) the state before the first draft step."""

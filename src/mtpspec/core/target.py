@@ -59,6 +59,7 @@ from .cache import SLOT_ALIGN, KVCache
 from .kernels import KernelPlan, attention, choose_plan, linear
 from .rope import apply_rope, apply_rope_signed, signed_sin
 from .tree import TreeLayout
+from .quant import QuantEmbedding, QuantLinear
 from .weights import LayerWeights, Norm, Projection, TargetWeights
 
 # model_type -> human name. All run the one code path in `Target.forward`, their quirks read
@@ -116,6 +117,8 @@ class _Layer:
     watch: tuple[torch.Tensor, torch.Tensor]
 
     def stale(self) -> bool:
+        if self.w.qkv.weight is None or self.w.gate_up.weight is None:
+            return False  # a GGUF file's blocks (`QuantLinear`) are never given new data
         return self.watch[0].data_ptr() != self.w.qkv.weight.data_ptr() or self.watch[1].data_ptr() != self.w.gate_up.weight.data_ptr()
 
 
@@ -135,6 +138,23 @@ def _sliding_windows(cfg: object, model_type: str) -> list[int | None]:
 
 def _wb(lin: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     return lin.weight, lin.bias
+
+
+def _quantized(mods: list[nn.Module]) -> Projection | None:
+    """Projections kept as a GGUF file's blocks (`QuantLinear`), stacked as parts with no dense
+    copy; None when every one is a dense `nn.Linear`."""
+    if not any(isinstance(m, QuantLinear) for m in mods):
+        return None
+    parts = tuple(m.qweight if isinstance(m, QuantLinear) else m.weight for m in mods)
+    biases = [m.bias for m in mods]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [b if b is not None else torch.zeros(int(p.shape[0]), dtype=next(x for x in biases if x is not None).dtype)
+         for b, p in zip(biases, parts)])
+    return Projection(None, bias, parts=parts)
+
+
+def _linear(m: nn.Module) -> bool:
+    return isinstance(m, (nn.Linear, QuantLinear))
 
 
 def _back_to_back(parts: list[torch.Tensor]) -> torch.Tensor | None:
@@ -298,24 +318,29 @@ class Target:
         if isinstance(getattr(a, "qkv_proj", None), nn.Linear):  # Phi-3: q, k, v fused; row views, no copy
             if a.qkv_proj.bias is not None:
                 raise UnsupportedModelError(f"{name}: a fused qkv projection with a bias is not supported.")
-            qkv: Weights = (a.qkv_proj.weight, None)
+            qkv = Projection(a.qkv_proj.weight)
         else:
             for proj in ("q_proj", "k_proj", "v_proj"):
-                if not isinstance(getattr(a, proj, None), nn.Linear):
+                if not _linear(getattr(a, proj, None)):
                     raise UnsupportedModelError(f"{name}: attention has no linear `{proj}`.")
-            qkv = _stacked([_wb(a.q_proj), _wb(a.k_proj), _wb(a.v_proj)])  # zero copy after the first Target
+            mods = [a.q_proj, a.k_proj, a.v_proj]
+            qkv = _quantized(mods) or Projection(*_stacked([_wb(p) for p in mods]))  # zero copy after the first Target
         if isinstance(getattr(m, "gate_up_proj", None), nn.Linear):  # Phi-3: gate and up fused
             if m.gate_up_proj.bias is not None:
                 raise UnsupportedModelError(f"{name}: a fused gate/up projection with a bias is not supported.")
-            gate_up: Weights = (m.gate_up_proj.weight, None)
+            gate_up = Projection(m.gate_up_proj.weight)
             act = m.activation_fn
         else:
-            gate_up, act = _stacked([_wb(m.gate_proj), _wb(m.up_proj)]), m.act_fn
+            mods = [m.gate_proj, m.up_proj]
+            gate_up, act = _quantized(mods) or Projection(*_stacked([_wb(p) for p in mods])), m.act_fn
+        o = _quantized([a.o_proj]) or Projection(*_wb(a.o_proj))
+        down = _quantized([m.down_proj]) or Projection(*_wb(m.down_proj))
         qkv_rows = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        if qkv[0].shape[0] != qkv_rows or gate_up[0].shape[0] % 2:
-            raise UnsupportedModelError(f"{name}: q/k/v projections of {qkv[0].shape[0]} rows where the config "
-                                        f"implies {qkv_rows}, or gate/up of an odd {gate_up[0].shape[0]}.")
-        watch = (getattr(a, "qkv_proj", None) or a.q_proj).weight, (getattr(m, "gate_up_proj", None) or m.gate_proj).weight
+        if qkv.out_features != qkv_rows or gate_up.out_features % 2:
+            raise UnsupportedModelError(f"{name}: q/k/v projections of {qkv.out_features} rows where the config "
+                                        f"implies {qkv_rows}, or gate/up of an odd {gate_up.out_features}.")
+        lead = getattr(a, "qkv_proj", None) or a.q_proj, getattr(m, "gate_up_proj", None) or m.gate_proj
+        watch = tuple(p.blocks if isinstance(p, QuantLinear) else p.weight for p in lead)
         q_norm, k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
         if (q_norm is None) != (k_norm is None):
             raise UnsupportedModelError(f"{name}: a q norm without a k norm (or the reverse) is not supported.")
@@ -329,8 +354,7 @@ class Target:
             attn_norm=_norm_weights(attn_in), mlp_norm=_norm_weights(mlp_in),
             attn_out_norm=_norm_weights(attn_out), mlp_out_norm=_norm_weights(mlp_out),
             q_norm=_norm_weights(q_norm), k_norm=_norm_weights(k_norm), qk_norm_whole=whole,
-            qkv=Projection(*qkv), o=Projection(*_wb(a.o_proj)), gate_up=Projection(*gate_up),
-            down=Projection(*_wb(m.down_proj)), activation=_activation(act),
+            qkv=qkv, o=o, gate_up=gate_up, down=down, activation=_activation(act),
             scale=float(getattr(a, "scaling", None) or self.head_dim**-0.5), rope=rope, window=self.windows[i],
         )
         return _Layer(
@@ -353,7 +377,23 @@ class Target:
         both forwards compute with."""
         self._refresh()
         return TargetWeights(layers=tuple(L.w for L in self._layers), final_norm=Norm(self.final_norm.weight, _eps(self.final_norm)),
-                             lm_head=Projection(self.lm_head.weight, self.lm_head.bias), llama_norms=self.model_type in _LLAMA_NORM)
+                             lm_head=self.lm_projection, llama_norms=self.model_type in _LLAMA_NORM)
+
+    @property
+    def lm_projection(self) -> Projection:
+        """The LM head as the forwards read it: dense, or a GGUF file's blocks (`QuantLinear`)."""
+        return _quantized([self.lm_head]) or Projection(self.lm_head.weight, self.lm_head.bias)
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the target computes on a GGUF file's quantized blocks (`load_target(..., weights="gguf")`)."""
+        return isinstance(self.lm_head, QuantLinear) or any(L.w.qkv.quantized or L.w.down.quantized for L in self._layers)
+
+    def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """(R,) ids -> (R, D) those rows of the LM head in the target's dtype (dense or dequantized)."""
+        if isinstance(self.lm_head, QuantLinear):
+            return self.lm_head.qweight.dequantize(ids.cpu()).to(self.dtype).to(ids.device)
+        return self.lm_head.weight[ids]
 
     # -- the pieces the head shares by reference ------------------------------------------
     @property
@@ -410,7 +450,7 @@ class Target:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.lm_head.weight.shape[0])
+        return int(self.lm_head.out_features)
 
     @property
     def num_layers(self) -> int:
@@ -435,11 +475,11 @@ class Target:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.final_norm.weight.dtype  # dense whatever the matrices are
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.final_norm.weight.device
 
     @property
     def plan(self) -> KernelPlan:
@@ -447,8 +487,8 @@ class Target:
         if self.dtype not in self._plans:  # keyed by dtype: the model may be cast after wrapping
             L = self._layers[0].w
             uses: dict[tuple[int, int], int] = {}
-            for w in (L.qkv.weight, L.o.weight, L.gate_up.weight, L.down.weight):
-                shape = (int(w.shape[0]), int(w.shape[1]))
+            for p in (L.qkv, L.o, L.gate_up, L.down):
+                shape = (p.out_features, int(p.matrices[0].shape[1]))
                 uses[shape] = uses.get(shape, 0) + self.num_layers
             head_shape = (self.vocab_size, self.hidden_size)
             uses[head_shape] = uses.get(head_shape, 0) + 1
@@ -487,7 +527,7 @@ class Target:
             hidden_size=self.hidden_size,
             vocab_size=self.vocab_size,
             num_layers=self.num_layers,
-            embedding_fingerprint=embedding_fingerprint(self.embed.weight),
+            embedding_fingerprint=embedding_fingerprint(self.embed),
         )
 
     # -- running it ------------------------------------------------------------------------
@@ -629,7 +669,7 @@ class Target:
                 feats[i] = x
             # attention
             h = x if L.attn_in is None else L.attn_in(x)  # (T, D)
-            qkv = linear(h, w.qkv.weight, w.qkv.bias, plan.linear)  # (T, H * hd + 2 * Hk * hd)
+            qkv = linear(h, w.qkv.dense(self.dtype), w.qkv.bias, plan.linear)  # (T, H * hd + 2 * Hk * hd)
             q, k, v = qkv.split([H * hd, Hk * hd, Hk * hd], -1)  # (T, H * hd), (T, Hk * hd) x 2
             v = v.view(T, Hk, hd)
             if w.qk_norm_whole:
@@ -654,15 +694,15 @@ class Target:
                 qp = q[0].index_select(1, qrows).view(H, P, W, hd).transpose(0, 1).contiguous()  # (P, H, W, hd)
                 ap = attention(qp, kp, vp, plane_masks[w.window], w.scale, plan.attention, cap)  # (P, H, W, hd)
                 a = ap.transpose(0, 1).reshape(H, P * W, hd).index_select(1, out_rows)  # (H, T, hd)
-            out = linear(a.transpose(0, 1).reshape(T, H * hd), w.o.weight, w.o.bias, plan.linear)  # (T, D)
+            out = linear(a.transpose(0, 1).reshape(T, H * hd), w.o.dense(self.dtype), w.o.bias, plan.linear)  # (T, D)
             if L.attn_out is not None:
                 out = L.attn_out(out)
             x = x + (out if rm == 1.0 else out * rm)
             # MLP
             h = x if L.mlp_in is None else L.mlp_in(x)
-            gate, up = linear(h, w.gate_up.weight, w.gate_up.bias, plan.linear).chunk(2, -1)  # (T, M) each
+            gate, up = linear(h, w.gate_up.dense(self.dtype), w.gate_up.bias, plan.linear).chunk(2, -1)  # (T, M) each
             g = L.act(gate) * up
-            out = linear(g, w.down.weight, w.down.bias, plan.linear)  # (T, D)
+            out = linear(g, w.down.dense(self.dtype), w.down.bias, plan.linear)  # (T, D)
             if L.mlp_out is not None:
                 out = L.mlp_out(out)
             x = x + (out if rm == 1.0 else out * rm)
@@ -676,12 +716,19 @@ class Target:
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
         """(R, D) normed final hidden -> (R, V) the model's logits: the target's LM head, with
         the same row-invariant kernel as every other matmul, then `finish_logits`."""
-        return self.finish_logits(linear(h, self.lm_head.weight, self.lm_head.bias, self.plan.linear))
+        lm = self.lm_projection
+        return self.finish_logits(linear(h, lm.dense(self.dtype), lm.bias, self.plan.linear))
 
 
-def embedding_fingerprint(weight: torch.Tensor) -> str:
-    """A short hash of the input embedding that survives a dtype change (fp32 <-> bf16):
-    rows are sampled with a fixed stride and rounded to bf16 before hashing."""
-    w = weight.detach()
-    rows = w[:: max(1, w.shape[0] // 512)][:512].float().to(torch.bfloat16).cpu()
+def embedding_fingerprint(embed: nn.Module | torch.Tensor) -> str:
+    """A short hash of the input embedding (a module or its weight) that survives a dtype
+    change (fp32 <-> bf16) and quantized storage: rows are sampled with a fixed stride and
+    rounded to bf16 before hashing (a GGUF file's blocks: those rows dequantized, the values a
+    dense load holds)."""
+    if isinstance(embed, QuantEmbedding):
+        V = embed.num_embeddings
+        rows = embed.qweight.dequantize(torch.arange(0, V, max(1, V // 512))[:512]).to(torch.bfloat16)
+    else:
+        w = (embed.weight if isinstance(embed, nn.Module) else embed).detach()
+        rows = w[:: max(1, w.shape[0] // 512)][:512].float().to(torch.bfloat16).cpu()
     return hashlib.sha256(rows.view(torch.int16).numpy().tobytes()).hexdigest()[:16]

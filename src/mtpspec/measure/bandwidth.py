@@ -124,8 +124,8 @@ def forward_matrices(target: Any) -> list[Any]:
     embedding. The embedding itself is not streamed: a forward reads one row per token. Norm
     scales and biases (vectors, a fraction of a percent) are left out."""
     w = target.weights()
-    mats = [p.weight for layer in w.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-    return [*mats, w.lm_head.weight]
+    mats = [p.matrices for layer in w.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    return [*mats, w.lm_head.matrices]
 
 
 def forward_bytes(matrices: Iterable[Any]) -> int:

@@ -1,0 +1,132 @@
+"""A target computing on a GGUF file's quantized blocks (`quant.attach`, `load_target(...,
+weights="gguf")`) against the same model holding the dequantized values densely, per block
+type and compute dtype, through the fused forward:
+- the same logits, features and cache, bit for bit;
+- a verify pass of 1..16 rows equals one-row passes; a tree row equals decoding its path;
+- speculative decoding equals plain decoding.
+Tiny llama models whose every matrix is random blocks (K-quants need inputs in blocks of 256)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import OracleDrafter, tiny_model
+from test_quant import random_qtensor
+
+import mtpspec
+from mtpspec.core import fused
+from mtpspec.core.quant import NAMES, QuantEmbedding, QuantLinear, attach
+from mtpspec.core.tree import TreeLayout
+
+TYPES = [2, 3, 8, 12, 13, 14]
+
+
+def quantized_pair(qtype: int, dtype: torch.dtype):
+    """(dense model, quantized model): the same random blocks, dequantized into the first."""
+    wide = qtype >= 12
+    dims = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2) if wide else \
+        dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+    dense = tiny_model("llama", **dims).to(dtype)
+    quantized = {}
+    for i, (name, p) in enumerate(dense.named_parameters()):
+        if p.dim() == 2:
+            q = random_qtensor(qtype, *p.shape, seed=i, std=0.5 if "embed" in name else 0.08)
+            quantized[name] = q
+            p.data = q.dequantize().to(dtype)  # the tied LM head follows the embedding
+    return dense, attach(copy.deepcopy(dense), quantized, dtype)
+
+
+def need(dtype: torch.dtype) -> None:
+    if (why := fused.reason(dtype)) is not None:
+        pytest.skip(f"no fused {dtype} forward here: {why}")
+
+
+@pytest.fixture(params=[torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def dtype(request):
+    need(request.param)
+    return request.param
+
+
+@pytest.fixture(params=TYPES, ids=[NAMES[t] for t in TYPES])
+def pair(request, dtype):
+    return quantized_pair(request.param, dtype)
+
+
+def test_attach_swaps_every_matrix_for_blocks_and_keeps_no_dense_copy(pair):
+    _, q = pair
+    assert isinstance(q.model.embed_tokens, QuantEmbedding) and isinstance(q.lm_head, QuantLinear)
+    assert q.lm_head.qweight is q.model.embed_tokens.qweight  # tied, as the dense model was
+    assert not any(p.dim() == 2 for p in q.parameters())
+    t = mtpspec.Target(q)
+    assert t.quantized and t.engine == "fused"
+
+
+def test_the_quantized_target_computes_what_the_dense_one_computes(pair):
+    dense, quant = (mtpspec.Target(m) for m in pair)
+    assert dense.identity() == quant.identity()  # a head trained on the dense model fits
+    ids = torch.randint(4, 97, (1, 23), generator=torch.Generator().manual_seed(1))
+    cd, cq = dense.new_cache(64), quant.new_cache(64)
+    a, b = dense.forward(ids, cd, hidden_layers=(-2, -1)), quant.forward(ids, cq, hidden_layers=(-2, -1))
+    assert torch.isfinite(a.logits).all()
+    assert torch.equal(a.logits, b.logits) and torch.equal(a.hidden, b.hidden)
+    assert torch.equal(cd.keys, cq.keys) and torch.equal(cd.values, cq.values)
+
+
+def test_a_verify_pass_of_1_to_16_rows_equals_one_row_passes(pair):
+    t = mtpspec.Target(pair[1])
+    ids = torch.randint(4, 97, (1, 30), generator=torch.Generator().manual_seed(2))
+    new = torch.randint(4, 97, (1, 16), generator=torch.Generator().manual_seed(3))
+    c = t.new_cache(64)
+    t.forward(ids, c)
+    alone = []
+    for i in range(16):
+        alone.append(t.forward(new[:, i:i + 1], c).logits[0, 0])
+    for R in (1, 2, 5, 9, 16):
+        c.length = 30
+        together = t.forward(new[:, :R], c).logits[0]
+        assert all(torch.equal(together[i], alone[i]) for i in range(R)), R
+
+
+def test_a_tree_row_equals_decoding_its_path(pair):
+    t = mtpspec.Target(pair[1])
+    ids = torch.randint(4, 97, (1, 20), generator=torch.Generator().manual_seed(4))
+    parents = [-1, 0, 1, -1, 3, 0, 5]
+    toks = torch.randint(4, 97, (1, len(parents) + 1), generator=torch.Generator().manual_seed(5))
+    layout = TreeLayout.from_parents(parents)
+    c = t.new_cache(64)
+    t.forward(ids, c)
+    tree = t.forward(toks, c, layout=layout)
+    for r in range(len(parents) + 1):
+        cp = t.new_cache(64)
+        t.forward(ids, cp)
+        out = t.forward(toks[:, layout.mask[r].nonzero()[:, 0]], cp)
+        assert torch.equal(out.logits[0, -1], tree.logits[0, r]), r
+
+
+def test_speculative_equals_plain_decoding_on_quantized_weights(pair):
+    dense, quant = pair
+    ids = torch.randint(4, 97, (1, 17), generator=torch.Generator().manual_seed(6))
+    plain = mtpspec.generate(quant, None, ids, max_new_tokens=32, num_draft_tokens=0, eos_token_id=[])
+    assert torch.equal(plain.sequences, mtpspec.generate(dense, None, ids, max_new_tokens=32, num_draft_tokens=0,
+                                                         eos_token_id=[]).sequences)
+    for k in (1, 4):
+        oracle = OracleDrafter(plain.sequences[0].tolist(), vocab=97, seed=k)
+        out = mtpspec.generate(quant, oracle, ids, max_new_tokens=32, num_draft_tokens=k, eos_token_id=[])
+        assert torch.equal(out.sequences, plain.sequences), k
+
+
+def test_the_op_by_op_modules_dequantize_to_the_same_values():
+    dense, quant = quantized_pair(3, torch.float32)
+    h = torch.randn(2, 128)
+    assert torch.equal(quant.model.layers[0].mlp.down_proj(h), dense.model.layers[0].mlp.down_proj(h))
+    ids = torch.tensor([[5, 6, 7]])
+    assert torch.equal(quant.model.embed_tokens(ids), dense.model.embed_tokens(ids))
+
+
+def test_attach_refuses_a_module_it_cannot_replace():
+    model = tiny_model("llama")
+    q = random_qtensor(3, 32, 32)
+    with pytest.raises(ValueError, match="only nn.Linear and nn.Embedding"):
+        attach(model, {"model.layers.0.input_layernorm.weight": q}, torch.float32)
