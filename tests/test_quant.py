@@ -110,3 +110,12 @@ def test_a_matrix_refuses_what_it_cannot_describe():
         QTensor(3, (4, 40), torch.zeros(4, 25, dtype=torch.uint8))
     with pytest.raises(ValueError, match="not one the quantized kernels read"):
         QTensor(1, (4, 64), torch.zeros(4, 128, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("qtype", sorted(BLOCKS), ids=[NAMES[t] for t in sorted(BLOCKS)])
+def test_an_embedding_lookup_reads_the_dense_tables_values(qtype, dtype):
+    q = random_qtensor(qtype, 50, 256, seed=7 + qtype)
+    ids = torch.tensor([3, 0, 49, 3, 17])
+    assert torch.equal(fused.quantized_rows(q, ids, dtype), q.dequantize().to(dtype)[ids])
+    with pytest.raises(IndexError, match="token ids"):
+        fused.quantized_rows(q, torch.tensor([50]), dtype)

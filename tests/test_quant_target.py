@@ -17,7 +17,8 @@ from test_quant import random_qtensor
 
 import mtpspec
 from mtpspec.core import fused
-from mtpspec.core.quant import NAMES, QuantEmbedding, QuantLinear, attach
+from mtpspec.core.qmodules import QuantEmbedding, QuantLinear, attach
+from mtpspec.core.quant import NAMES
 from mtpspec.core.tree import TreeLayout
 
 TYPES = [2, 3, 8, 12, 13, 14]

@@ -929,6 +929,21 @@ void fused_matmul(const elem *x, int R, int I, const elem *w, int O, float *y, i
     free(xv);
 }
 
+/* out (n, I) = rows ids[0..n-1] of one quantized part (an embedding table), each weight the
+ * value the matmuls multiply by (deq32, rounded to the element type): a lookup without a dense
+ * table, bit for bit what the dense table in the element type holds. */
+void fused_rows(const Part *p, const int64_t *ids, int n, int I, elem *out) {
+    for (int r = 0; r < n; r++) {
+        const uint8_t *row = (const uint8_t *)p->data + (size_t)ids[r] * p->row_bytes;
+        for (int g = 0; g < I / 32; g++) {
+            __m512 lo, hi;
+            deq32(row, p->type, g, &lo, &hi);
+            st16(out + (size_t)r * I + 32 * g, lo, 16);
+            st16(out + (size_t)r * I + 32 * g + 16, hi, 16);
+        }
+    }
+}
+
 /* The same for a matrix of parts (dense or quantized): y (R, O) = x (R, I) @ w^T. */
 void fused_qmatmul(const elem *x, int R, int I, const Mat *w, int O, float *y, int nthreads) {
     elem *xv = malloc(sizeof(elem) * (size_t)((R + 15) / 16 * 16) * I);

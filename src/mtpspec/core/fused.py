@@ -93,6 +93,8 @@ def _library(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, b
     so.fused_matmul.restype = None
     so.fused_qmatmul.argtypes = [_P, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P, ctypes.c_int]
     so.fused_qmatmul.restype = None
+    so.fused_rows.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, _P]
+    so.fused_rows.restype = None
     so.head_step.argtypes = [ctypes.POINTER(_Head), ctypes.c_int] + [_P] * 6 + [ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P,
                                                                  ctypes.c_int, _P, _P, ctypes.c_int]
     so.head_step.restype = None
@@ -325,3 +327,18 @@ class FusedHead:
                      None if extra is None else extra.data_ptr(), E, out.data_ptr(), logits.data_ptr(),
                      torch.get_num_threads())
         return out, tgt.finish_logits(logits)
+
+
+def quantized_rows(q: quant.QTensor, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """(R,) ids -> (R, I) those rows of `q` dequantized in `dtype` by fused.c (the values the
+    quantized matmuls multiply by), or None where the fused kernels do not run here."""
+    so = _loaded(dtype)[0]
+    if so is None:
+        return None
+    ids = ids.reshape(-1).to(torch.int64).contiguous()
+    if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < q.shape[0]):
+        raise IndexError(f"token ids must lie in [0, {q.shape[0]}); got {int(ids.min())}..{int(ids.max())}")
+    out = torch.empty(ids.numel(), q.shape[1], dtype=dtype)
+    part = quant.Part(q.data.data_ptr(), q.qtype, q.shape[0], q.row_bytes)
+    so.fused_rows(ctypes.addressof(part), ids.data_ptr(), ids.numel(), q.shape[1], out.data_ptr())
+    return out
