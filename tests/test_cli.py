@@ -386,16 +386,59 @@ def test_bad_input_is_one_error_line_and_exit_2(bad_inputs, command, message):
         assert not (bad_inputs["tmp"] / o).exists()
 
 
-def test_bench_flag_defaults_are_the_bench_config_defaults():
-    """The CLI writes its defaults as literals (it imports torch lazily); they must be the
-    library's own (BenchConfig's, i.e. drafters.TREE_NODES, TREE_SHAPE, HYBRID_LOOKUP, SWITCH_TOKENS)."""
+FLAGS_OF = [  # (command, config, its fields without a flag of the same name and default, and why)
+    ("generate", "SamplingConfig", {}),
+    ("data", "DataConfig", {"require_finished_prompts": "not a user's choice"}),
+    ("train", "TrainConfig", {"bf16": "--bf16 left out is the CPU's choice"}),
+    ("train", "HeadConfig", {"trained_draft_tokens": "a record, not a setting"}),
+    ("bench", "BenchConfig", {"sweep": "None: no sweep", "contexts": "not a user's choice"}),
+    ("serve", "ServeConfig", {"model_name": "the loaded model's", "max_stop": "not a user's choice"}),
+]
+
+
+@pytest.mark.parametrize("command, config, exempt", FLAGS_OF, ids=[f"{c}-{k}" for c, k, _ in FLAGS_OF])
+def test_each_config_field_is_a_flag_with_the_fields_own_default(command, config, exempt):
+    """CLI flags map one-to-one onto config fields and take their defaults from the field, so a
+    default is declared once (the config's) and a new field cannot be left without its flag."""
+    import dataclasses
     import inspect
 
-    from mtpspec.cli import bench
-    from mtpspec.measure.bench import BenchConfig
+    import mtpspec.cli as cli
 
-    params = inspect.signature(bench).parameters
-    cfg = BenchConfig()
-    for name in ("tree_nodes", "tree_shape", "tree_depth", "tree_floor", "hybrid_lookup", "switch_tokens", "lookup_tokens",
-                 "reps", "warmup"):
-        assert params[name].default.default == getattr(cfg, name), name
+    params = inspect.signature(getattr(cli, command)).parameters
+    cls = {"SamplingConfig": cli.SamplingConfig, "DataConfig": cli.DataConfig, "TrainConfig": cli.TrainConfig,
+           "HeadConfig": cli.HeadConfig, "BenchConfig": cli.BenchConfig, "ServeConfig": cli.ServeConfig}[config]
+    for f in dataclasses.fields(cls):
+        if f.name in exempt:
+            continue
+        assert f.name in params, f"{config}.{f.name} has no flag in `mtpspec {command}`"
+        text = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default  # a list flag: its text
+        assert params[f.name].default.default == text, f"{config}.{f.name}"
+
+
+def test_train_builds_its_configs_from_the_flags(model_dir, tmp_path, monkeypatch):
+    """Every train flag reaches TrainConfig or HeadConfig unchanged (a flag the CLI dropped would
+    leave the field's default there); flags left out leave the fields' defaults."""
+    import mtpspec.cli as cli
+    from mtpspec.config import HeadConfig, TrainConfig
+
+    d, _, _ = model_dir
+    calls = []
+    monkeypatch.setattr(cli, "train_on_data", lambda data, out, cfg, hc, *a, **kw: calls.append((cfg, hc)))
+    r = runner.invoke(app, ["train", "--target", str(d), "--data", str(tmp_path), "--out", str(tmp_path / "run"),
+                            "--epochs", "3", "--lr", "0.01", "--no-bf16", "--copy-context", "--num-blocks", "2",
+                            "--hidden-layers", "-2,-1", "--max-draft-tokens", "4"])
+    assert r.exit_code == 0, r.output
+    (cfg, hc), = calls
+    assert cfg == TrainConfig(epochs=3, lr=0.01, bf16=False, copy_context=True, max_draft_tokens=4)
+    assert hc == HeadConfig(num_blocks=2, hidden_layers=(-2, -1))
+
+
+def test_help_shows_the_defaults_it_describes():
+    """A help text's own "[default: ...]" is shown as written (not taken for markup and dropped),
+    beside the defaults read from the configs."""
+    r = runner.invoke(app, ["generate", "--help"], terminal_width=200)
+    assert r.exit_code == 0
+    assert "[default: the head's tuned k]" in r.stdout and "[default: embedded SmolLM2-135M-Instruct]" in r.stdout
+    r = runner.invoke(app, ["serve", "--help"], terminal_width=200)
+    assert "[default: 16]" in r.stdout  # --max-queue: ServeConfig's

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -14,13 +15,44 @@ from typing import Any, TypeVar
 
 import typer
 
+from .config import HeadConfig, SamplingConfig, TrainConfig
+from .core.decode import generate as library_generate
 from .core.drafters import SWITCH_TOKENS, TREE_NODES
 from .detokenize import TextStream
 from .errors import InputError, MtpspecError
+from .measure.acceptance import measure_acceptance
+from .measure.bench import METHODS, BenchConfig
+from .measure.costs import measure_costs
+from .serve.engine import ServeConfig
+from .training.data import DataConfig
+from .training.train import train_on_data
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
+# No rich markup: a help text's "[default: ...]" is text, not a tag to strip.
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0], rich_markup_mode=None)
 F = TypeVar("F", bound=Callable[..., Any])
 N = TypeVar("N", int, float)
+C = TypeVar("C")
+
+
+# -- each default is declared once, by the library: a flag reads it from there -------------------------
+def default(source: Any, name: str) -> Any:
+    """The default the library declares for `name`: a field of a config dataclass, or a parameter
+    of a function."""
+    if dataclasses.is_dataclass(source):
+        return {f.name: f.default for f in dataclasses.fields(source)}[name]
+    return inspect.signature(source).parameters[name].default
+
+
+def option(source: Any, name: str, *flags: str, **kw: Any) -> Any:
+    """The flag for `name` (--name-with-dashes unless `flags` are given), with `source`'s default."""
+    return typer.Option(default(source, name), *(flags or (f"--{name.replace('_', '-')}",)), **kw)
+
+
+def config_from(cls: type[C], args: dict[str, Any], **parsed: Any) -> C:
+    """`cls` from a command's arguments that bear its fields' names (flags map one-to-one onto
+    fields); `parsed` gives the values a flag's text had to be turned into first."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{**{k: v for k, v in args.items() if k in names}, **parsed})
 
 # Options several commands share, declared once so that they read (and default) alike.
 TARGET = typer.Option(None, "--target", "-t", help="Local model dir or .gguf file [default: embedded SmolLM2-135M-Instruct].")
@@ -29,7 +61,7 @@ DTYPE = typer.Option("auto", "--dtype", help="auto (bf16 where the CPU has nativ
 THREADS = typer.Option(0, "--threads", help="torch threads (0 = torch default).")
 PROMPTS = typer.Option(None, "--prompts", help="Spec-Bench style .jsonl [default: the built-in on-device set].")
 LIMIT = typer.Option(None, "--limit", help="Run an evenly spread subset of N prompts.")
-MAX_NEW_TOKENS = typer.Option(128, "--max-new-tokens", "-n")
+K_SWEEP = "1,2,3,4,5,6"  # the chains `mtpspec acceptance` measures unless -k names others
 TREE = typer.Option(False, "--tree", help=f"Draft a tree of -k nodes [default {TREE_NODES}] from the head.")
 SWITCH = typer.Option(False, "--switch", help=f"Each round, draft the prompt-lookup continuation (up to -k tokens "
                       f"[default {SWITCH_TOKENS}]) when the text repeats, else the head's chain.")
@@ -121,13 +153,13 @@ def generate(
     target: str = TARGET,
     head: Path = HEAD,
     fresh_head: bool = typer.Option(False, "--fresh-head", help="Ignore any shipped head; use an untrained one."),
-    max_new_tokens: int = MAX_NEW_TOKENS,
+    max_new_tokens: int = option(library_generate, "max_new_tokens", "--max-new-tokens", "-n"),
     num_draft_tokens: int = typer.Option(None, "--num-draft-tokens", "-k",
                                          help="Drafts per round [default: the head's tuned k]; 0 = plain decoding."),
-    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
-    top_k: int = typer.Option(0, "--top-k", help="0 = off."),
-    top_p: float = typer.Option(1.0, "--top-p", help="1.0 = off."),
-    seed: int = typer.Option(None, "--seed", help="Seed for sampling (reproducible output)."),
+    temperature: float = option(SamplingConfig, "temperature", help="0 = greedy."),
+    top_k: int = option(SamplingConfig, "top_k", help="0 = off."),
+    top_p: float = option(SamplingConfig, "top_p", help="1.0 = off."),
+    seed: int = option(SamplingConfig, "seed", help="Seed for sampling (reproducible output)."),
     dtype: str = DTYPE,
     compare: bool = typer.Option(False, "--compare", help="Also decode plainly (k=0) and print both speeds side by side."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
@@ -174,45 +206,41 @@ def generate(
 def data(
     out: Path = typer.Option(..., "--out", "-o", help="Output directory (resumes if it holds a partial run)."),
     target: str = TARGET,
-    num_samples: int = typer.Option(2000, "--num-samples", help="Samples to write in all (one per answer)."),
-    recipe: str = typer.Option("auto", "--recipe", help="chat (instruct models: self-written turns, passages and "
-                               "requests over them, follow-ups), continuation (base models), or auto (chat when the "
-                               "tokenizer has a chat template)."),
-    batch_size: int = typer.Option(64, "--batch-size"),
-    max_prompt_tokens: int = typer.Option(96, "--max-prompt-tokens"),
-    max_response_tokens: int = typer.Option(192, "--max-response-tokens"),
-    max_document_tokens: int = typer.Option(320, "--max-document-tokens", help="Longest passage of the document recipe."),
-    prompt_temperature: float = typer.Option(1.0, "--prompt-temperature"),
-    response_temperature: float = typer.Option(0.0, "--response-temperature", help="0 = greedy responses."),
-    task_share: float = typer.Option(0.8, "--task-share", help="Share of short user turns seeded with an on-device task opener."),
-    document_share: float = typer.Option(0.5, "--document-share", help="Share of seeds that write a passage, then a request over it."),
-    follow_up_share: float = typer.Option(0.25, "--follow-up-share", help="Share of answered chats given a second user turn."),
+    num_samples: int = option(DataConfig, "num_samples", help="Samples to write in all (one per answer)."),
+    recipe: str = option(DataConfig, "recipe", help="chat (instruct models: self-written turns, passages and "
+                         "requests over them, follow-ups), continuation (base models), or auto (chat when the "
+                         "tokenizer has a chat template)."),
+    batch_size: int = option(DataConfig, "batch_size"),
+    max_prompt_tokens: int = option(DataConfig, "max_prompt_tokens"),
+    max_response_tokens: int = option(DataConfig, "max_response_tokens"),
+    max_document_tokens: int = option(DataConfig, "max_document_tokens", help="Longest passage of the document recipe."),
+    prompt_temperature: float = option(DataConfig, "prompt_temperature"),
+    response_temperature: float = option(DataConfig, "response_temperature", help="0 = greedy responses."),
+    task_share: float = option(DataConfig, "task_share", help="Share of short user turns seeded with an on-device task opener."),
+    document_share: float = option(DataConfig, "document_share", help="Share of seeds that write a passage, then a request "
+                                   "over it."),
+    follow_up_share: float = option(DataConfig, "follow_up_share", help="Share of answered chats given a second user turn."),
     prompts_file: str = typer.Option(None, "--prompts-file", help="Extra prompts: .jsonl or .txt."),
     corpus: str = typer.Option(None, "--corpus", help="Extra raw-text corpus (plain text); chunks become prefixes to continue."),
     passages: list[str] = typer.Option(None, "--passages", help="Real passages (a text file or a directory of "
                                        ".md/.rst/.txt and source files; repeat for several): a share of the document "
                                        "seeds asks over one of them instead of a passage the target writes."),
-    passage_share: float = typer.Option(0.75, "--passage-share", help="With --passages: share of document seeds "
-                                        "that take a real passage."),
-    everyday_share: float = typer.Option(0.0, "--everyday-share", help="Share of seeds that are everyday requests "
-                                         "assembled from templates (notifications, chats, emails with names and "
-                                         "times; replies, rewrites, short questions, code stubs) instead of turns "
-                                         "the target writes."),
-    seed: int = typer.Option(0, "--seed"),
+    passage_share: float = option(DataConfig, "passage_share", help="With --passages: share of document seeds that take a "
+                                  "real passage."),
+    everyday_share: float = option(DataConfig, "everyday_share", help="Share of seeds that are everyday requests assembled "
+                                   "from templates (notifications, chats, emails with names and times; replies, "
+                                   "rewrites, short questions, code stubs) instead of turns the target writes."),
+    seed: int = option(DataConfig, "seed"),
     dtype: str = typer.Option("auto", "--dtype", help="Generation dtype: bf16, fp32, or auto (the set's own dtype when "
                               "extending one, else bf16 where the CPU has native bf16 matmuls and fp32 where bf16 is "
                               "emulated, several times slower than fp32)."),
     threads: int = THREADS,
 ) -> None:
     """Write self-distillation data: the target's own prompts and responses, as compressed token shards."""
-    from .training.data import DataConfig, generate_data, recorded_dtype
+    from .training.data import generate_data, recorded_dtype
 
+    cfg = config_from(DataConfig, locals())
     set_threads(threads)
-    cfg = DataConfig(num_samples=num_samples, batch_size=batch_size, recipe=recipe, max_prompt_tokens=max_prompt_tokens,
-                     max_response_tokens=max_response_tokens, max_document_tokens=max_document_tokens,
-                     prompt_temperature=prompt_temperature, response_temperature=response_temperature,
-                     task_share=task_share, document_share=document_share, follow_up_share=follow_up_share,
-                     passage_share=passage_share, everyday_share=everyday_share, seed=seed)
     if dtype == "auto":
         dtype = recorded_dtype(out) or "auto"
     loaded, _ = open_target(target, dtype)
@@ -229,68 +257,59 @@ def train(
     out: Path = typer.Option(..., "--out", "-o", help="Run directory: activations/ (activations-1/, ... for further data sets), "
                              "checkpoint.pt, metrics.jsonl, head/ (or draft_model/)."),
     target: str = TARGET,
-    kind: str = typer.Option("mtp", "--kind", help="mtp (the MTP head) or draft-model (a small standalone draft LM, "
-                             "the baseline `mtpspec bench --draft-model` runs)."),
-    max_draft_tokens: int = typer.Option(2, "--max-draft-tokens", help="Draft steps unrolled in training. The head "
-                                         "drafts more at decode time (its block is shared across steps); at equal "
-                                         "time 2 beat 3 and 6 by far (reports/training/train-rows/)."),
-    epochs: int = typer.Option(2, "--epochs"),
-    batch_size: int = typer.Option(16, "--batch-size"),
-    lr: float = typer.Option(1e-3, "--lr"),
-    warmup_steps: int = typer.Option(50, "--warmup-steps"),
-    weight_decay: float = typer.Option(0.0, "--weight-decay"),
-    clip: float = typer.Option(1.0, "--clip"),
+    kind: str = option(TrainConfig, "kind", help="mtp (the MTP head) or draft-model (a small standalone draft LM, the "
+                       "baseline `mtpspec bench --draft-model` runs)."),
+    max_draft_tokens: int = option(TrainConfig, "max_draft_tokens", help="Draft steps unrolled in training. The head "
+                                   "drafts more at decode time (its block is shared across steps); at equal time 2 "
+                                   "beat 3 and 6 by far (reports/training/train-rows/)."),
+    epochs: int = option(TrainConfig, "epochs"),
+    batch_size: int = option(TrainConfig, "batch_size"),
+    lr: float = option(TrainConfig, "lr"),
+    warmup_steps: int = option(TrainConfig, "warmup_steps"),
+    weight_decay: float = option(TrainConfig, "weight_decay"),
+    clip: float = option(TrainConfig, "clip"),
     bf16: bool = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast for training the head or draft model "
                               "[default: on with a GPU or a CPU with native bf16 matmuls, else off]."),
-    holdout: float = typer.Option(0.05, "--holdout"),
-    eval_every: int = typer.Option(50, "--eval-every"),
-    save_every: int = typer.Option(50, "--save-every"),
-    label_weight: float = typer.Option(0.1, "--label-weight"),
-    feature_weight: float = typer.Option(1.0, "--feature-weight", help="Weight of the EAGLE-style feature loss."),
-    step_decay: float = typer.Option(1.0, "--step-decay", help="Loss weight of draft step j is step_decay**j."),
-    tv_weight: float = typer.Option(0.0, "--tv-weight", help="Weight of a total-variation (acceptance-aligned) loss term."),
-    round_weight: float = typer.Option(0.0, "--round-weight", help="Extra loss weight on the rows where greedy decoding with "
-                                       "the head as it is would start a round (0 = all rows alike)."),
-    copy_context: bool = typer.Option(False, "--copy-context/--no-copy-context", help="Also score each row's context tokens "
-                                      "outside the draft vocabulary, as drafting does (copied names, numbers, rare words)."),
-    micro_batch_tokens: int = typer.Option(4096, "--micro-batch-tokens", help="Run each batch in parts of at most this many "
-                                           "padded tokens (gradients accumulated; bounds memory); 0 = whole batches."),
+    holdout: float = option(TrainConfig, "holdout"),
+    eval_every: int = option(TrainConfig, "eval_every"),
+    save_every: int = option(TrainConfig, "save_every"),
+    label_weight: float = option(TrainConfig, "label_weight"),
+    feature_weight: float = option(TrainConfig, "feature_weight", help="Weight of the EAGLE-style feature loss."),
+    step_decay: float = option(TrainConfig, "step_decay", help="Loss weight of draft step j is step_decay**j."),
+    tv_weight: float = option(TrainConfig, "tv_weight", help="Weight of a total-variation (acceptance-aligned) loss term."),
+    round_weight: float = option(TrainConfig, "round_weight", help="Extra loss weight on the rows where greedy decoding "
+                                 "with the head as it is would start a round (0 = all rows alike)."),
+    copy_context: bool = option(TrainConfig, "copy_context", "--copy-context/--no-copy-context", help="Also score each "
+                                "row's context tokens outside the draft vocabulary, as drafting does (copied names, "
+                                "numbers, rare words)."),
+    micro_batch_tokens: int = option(TrainConfig, "micro_batch_tokens", help="Run each batch in parts of at most this "
+                                     "many padded tokens (gradients accumulated; bounds memory); 0 = whole batches."),
     init_head: Path = typer.Option(None, "--init-head", help="Continue training this saved head (its architecture and "
                                    "draft vocabulary are kept; the architecture flags below are then ignored)."),
-    draft_model_hidden: int = typer.Option(64, "--draft-model-hidden", help="Hidden size of --kind draft-model."),
-    draft_model_layers: int = typer.Option(2, "--draft-model-layers", help="Layers of --kind draft-model."),
-    seed: int = typer.Option(0, "--seed"),
-    hidden_layers: str = typer.Option("-1", "--hidden-layers", help="Comma-separated target layers the head reads."),
-    kv_layer: int = typer.Option(-1, "--kv-layer"),
-    num_blocks: int = typer.Option(1, "--num-blocks"),
-    mlp_ratio: float = typer.Option(2.0, "--mlp-ratio"),
-    draft_vocab_size: int = typer.Option(0, "--draft-vocab-size", help="0 = full vocabulary."),
-    teacher_topk: int = typer.Option(32, "--teacher-topk", help="Teacher log-probs kept per position."),
-    cache_dtype: str = typer.Option(
-        "auto", "--cache-dtype", help="dtype of the one target pass that caches activations: auto = bf16 where the CPU "
-        "has native bf16 matmuls, else fp32."),
+    draft_model_hidden: int = option(TrainConfig, "draft_model_hidden", help="Hidden size of --kind draft-model."),
+    draft_model_layers: int = option(TrainConfig, "draft_model_layers", help="Layers of --kind draft-model."),
+    seed: int = option(TrainConfig, "seed"),
+    hidden_layers: str = typer.Option(",".join(map(str, default(HeadConfig, "hidden_layers"))), "--hidden-layers",
+                                      help="Comma-separated target layers the head reads."),
+    kv_layer: int = option(HeadConfig, "kv_layer"),
+    num_blocks: int = option(HeadConfig, "num_blocks"),
+    mlp_ratio: float = option(HeadConfig, "mlp_ratio"),
+    draft_vocab_size: int = option(HeadConfig, "draft_vocab_size", help="0 = full vocabulary."),
+    teacher_topk: int = option(train_on_data, "teacher_topk", help="Teacher log-probs kept per position."),
+    cache_dtype: str = option(train_on_data, "cache_dtype", help="dtype of the one target pass that caches activations: "
+                              "auto = bf16 where the CPU has native bf16 matmuls, else fp32."),
     resume: bool = typer.Option(False, "--resume", help="Continue from out/checkpoint.pt."),
     max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps (time-boxing)."),
     threads: int = THREADS,
 ) -> None:
     """Train an MTP head (or a baseline draft model) on the target's cached activations; the target stays frozen."""
-    from .config import HeadConfig, TrainConfig
-    from .training.train import train_on_data
+    from .models import auto_autocast
 
+    args = locals()
     set_threads(threads)
-    if bf16 is None:
-        from .models import auto_autocast
-
-        bf16 = auto_autocast()
-    cfg = TrainConfig(kind=kind, max_draft_tokens=max_draft_tokens, epochs=epochs, batch_size=batch_size, lr=lr,
-                      warmup_steps=warmup_steps, weight_decay=weight_decay, clip=clip, bf16=bf16, holdout=holdout,
-                      eval_every=eval_every, save_every=save_every, label_weight=label_weight, feature_weight=feature_weight,
-                      step_decay=step_decay, tv_weight=tv_weight, round_weight=round_weight, copy_context=copy_context,
-                      micro_batch_tokens=micro_batch_tokens,
-                      draft_model_hidden=draft_model_hidden,
-                      draft_model_layers=draft_model_layers, seed=seed)
-    hc = HeadConfig(hidden_layers=tuple(parse_list(hidden_layers, int, "--hidden-layers")), kv_layer=kv_layer,
-                    num_blocks=num_blocks, mlp_ratio=mlp_ratio, draft_vocab_size=draft_vocab_size)
+    # --bf16 left out: the CPU's choice (TrainConfig's default is for callers who know their machine)
+    cfg = config_from(TrainConfig, args, bf16=auto_autocast() if bf16 is None else bf16)
+    hc = config_from(HeadConfig, args, hidden_layers=tuple(parse_list(hidden_layers, int, "--hidden-layers")))
     r = train_on_data(data_dirs, out, cfg, hc, target, teacher_topk=teacher_topk, cache_dtype=cache_dtype, resume=resume,
                       max_steps=max_steps, init_head=init_head)
     if r is not None:  # rank 0 reports for all
@@ -303,9 +322,9 @@ def costs(
     target: str = TARGET,
     head: Path = HEAD,
     dtype: str = DTYPE,
-    context: int = typer.Option(256, "--context", help="Cached tokens before the timed forward."),
-    max_n: int = typer.Option(9, "--max-n", help="Time target forwards over 1..max_n new tokens."),
-    reps: int = typer.Option(15, "--reps"),
+    context: int = option(measure_costs, "context", help="Cached tokens before the timed forward."),
+    max_n: int = option(measure_costs, "max_n", help="Time target forwards over 1..max_n new tokens."),
+    reps: int = option(measure_costs, "reps"),
     draft_vocab_size: int = typer.Option(None, "--draft-vocab-size",
                                          help="Time a fresh head with this draft vocabulary instead (0 = full)."),
     threads: int = THREADS,
@@ -322,9 +341,8 @@ def costs(
     memory bandwidth: the bytes a forward reads over it are the fastest a forward can be."""
     import torch
 
-    from .config import HeadConfig
     from .core.head import MTPHead
-    from .measure.costs import measure_costs, pick_k, predicted_speedups, read_position_rates
+    from .measure.costs import pick_k, predicted_speedups, read_position_rates
     from .pretrained import resolve_head, save_recommended_k
 
     if save_k and acceptance is None:
@@ -378,36 +396,35 @@ def costs(
 def bench(
     prompts: Path = PROMPTS,
     limit: int = LIMIT,
-    max_new_tokens: int = MAX_NEW_TOKENS,
+    max_new_tokens: int = option(BenchConfig, "max_new_tokens", "--max-new-tokens", "-n"),
     dtype: str = DTYPE,
     target: str = TARGET,
     head: Path = HEAD,
     draft_model: Path = typer.Option(None, "--draft-model", help="Draft model directory for `assisted` "
                                      "(<run>/draft_model from `mtpspec train --kind draft-model`)."),
-    num_draft_tokens: int = typer.Option(None, "--num-draft-tokens", "-k",
-                                         help="Drafts per round for `mtp` [default: the head's tuned k]."),
+    num_draft_tokens: int = option(BenchConfig, "num_draft_tokens", "--num-draft-tokens", "-k",
+                                   help="Drafts per round for `mtp` [default: the head's tuned k]."),
     sweep: str = typer.Option(None, "--sweep", help="Comma-separated k values; adds one method mtp_k<k> per value."),
-    methods: str = typer.Option("hf,k0,mtp,mtp-tree,hybrid,switch,assisted,lookup,llamacpp,llamacpp-lookup", "--methods",
-                                help="Comma-separated: hf, k0, mtp, mtp-tree, hybrid, switch, assisted, lookup, "
-                                "llamacpp, llamacpp-lookup (llama.cpp greedy / prompt lookup on the target's GGUF file, "
-                                "if llama-cpp-python is installed)."),
+    methods: str = typer.Option(",".join(default(BenchConfig, "methods")), "--methods",
+                                help=f"Comma-separated: {', '.join(METHODS)} (llamacpp, llamacpp-lookup: llama.cpp "
+                                "greedy / prompt lookup on the target's GGUF file, if llama-cpp-python is installed)."),
     hf_dtype: str = typer.Option("fp32", "--hf-dtype", help="dtype of HF's own methods (hf, lookup, assisted): "
                                  "fp32 is what HF loads by default; 'same' = --dtype."),
-    tree_nodes: int = typer.Option(8, "--tree-nodes", help="Draft nodes per round for mtp-tree and hybrid."),
-    tree_shape: str = typer.Option("cost", "--tree-shape", help="How mtp-tree and hybrid shape each round's tree: "
-                                   "'cost' (from the measured costs and the head's confidence) or 'fixed' (the "
-                                   "--tree-nodes best nodes, --tree-floor)."),
-    tree_depth: int = typer.Option(6, "--tree-depth", help="Deepest node of those trees."),
-    tree_floor: float = typer.Option(0.1, "--tree-floor", help="--tree-shape fixed: least cumulative draft "
-                                     "probability of a node off the head's greedy spine."),
-    hybrid_lookup: int = typer.Option(6, "--hybrid-lookup", help="Prompt-lookup nodes in each hybrid tree."),
-    switch_tokens: int = typer.Option(6, "--switch-tokens", help="Longest prompt-lookup chain of `switch` (its "
-                                      "other rounds draft the head's chain)."),
-    reps: int = typer.Option(1, "--reps", help="Timed repetitions of every prompt."),
-    warmup: int = typer.Option(1, "--warmup", help="Prompts every method runs untimed before timing."),
-    lookup_tokens: int = typer.Option(10, "--lookup-tokens", help="prompt_lookup_num_tokens for `lookup`."),
-    llamacpp_lookup_k: int = typer.Option(2, "--llamacpp-lookup-k", help="Drafts per round (num_pred_tokens) of "
-                                          "`llamacpp-lookup`."),
+    tree_nodes: int = option(BenchConfig, "tree_nodes", help="Draft nodes per round for mtp-tree and hybrid."),
+    tree_shape: str = option(BenchConfig, "tree_shape", help="How mtp-tree and hybrid shape each round's tree: 'cost' "
+                             "(from the measured costs and the head's confidence) or 'fixed' (the --tree-nodes best "
+                             "nodes, --tree-floor)."),
+    tree_depth: int = option(BenchConfig, "tree_depth", help="Deepest node of those trees."),
+    tree_floor: float = option(BenchConfig, "tree_floor", help="--tree-shape fixed: least cumulative draft probability of "
+                               "a node off the head's greedy spine."),
+    hybrid_lookup: int = option(BenchConfig, "hybrid_lookup", help="Prompt-lookup nodes in each hybrid tree."),
+    switch_tokens: int = option(BenchConfig, "switch_tokens", help="Longest prompt-lookup chain of `switch` (its other "
+                                "rounds draft the head's chain)."),
+    reps: int = option(BenchConfig, "reps", help="Timed repetitions of every prompt."),
+    warmup: int = option(BenchConfig, "warmup", help="Prompts every method runs untimed before timing."),
+    lookup_tokens: int = option(BenchConfig, "lookup_tokens", help="prompt_lookup_num_tokens for `lookup`."),
+    llamacpp_lookup_k: int = option(BenchConfig, "llamacpp_lookup_k", help="Drafts per round (num_pred_tokens) of "
+                                    "`llamacpp-lookup`."),
     out: Path = typer.Option(None, "--out", "-o", help="Report directory [default: bench-out/<date>-<time>]."),
     threads: int = THREADS,
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
@@ -415,18 +432,15 @@ def bench(
     """Benchmark hf, k0, mtp, assisted and lookup decoding on the same prompts; write a report."""
     import datetime
 
-    from .measure.bench import FRESH_HEAD_NOTE, BenchConfig, build_methods, environment_info, load_draft_model, run_bench
+    from .measure.bench import FRESH_HEAD_NOTE, build_methods, environment_info, load_draft_model, run_bench
     from .measure.report import summary_line, verify_cost_line, write_report
     from .models import chat_ids, gguf_file, resolve_dtype
     from .pretrained import resolve_head
     from .prompts import load_prompts
 
+    cfg = config_from(BenchConfig, locals(), methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+                      sweep=tuple(parse_list(sweep, int, "--sweep")) if sweep else ())
     set_threads(threads)
-    cfg = BenchConfig(methods=tuple(m.strip() for m in methods.split(",") if m.strip()), num_draft_tokens=num_draft_tokens,
-                      sweep=tuple(parse_list(sweep, int, "--sweep")) if sweep else (), max_new_tokens=max_new_tokens,
-                      reps=reps, warmup=warmup, lookup_tokens=lookup_tokens, tree_nodes=tree_nodes,
-                      tree_shape=tree_shape, tree_depth=tree_depth, tree_floor=tree_floor, hybrid_lookup=hybrid_lookup,
-                      switch_tokens=switch_tokens, llamacpp_lookup_k=llamacpp_lookup_k)
     plist = load_prompts(prompts, limit)  # fail on a bad prompts file before loading any model
     now = datetime.datetime.now()
     out = out or Path("bench-out") / f"{now:%Y%m%d-%H%M%S}"
@@ -470,37 +484,37 @@ def acceptance(
     target: str = TARGET,
     head: Path = HEAD,
     num_draft_tokens: str = typer.Option(None, "--num-draft-tokens", "-k",
-                                         help="Comma-separated drafts per round (k) to measure [default 1,2,3,4,5,6]; "
-                                         "with --tree, most nodes per round [default 8]."),
+                                         help=f"Comma-separated drafts per round (k) to measure [default {K_SWEEP}]; "
+                                         f"with --tree, most nodes per round [default {TREE_NODES}]."),
     tree: bool = typer.Option(False, "--tree", help="Draft a tree from the head, as `generate --tree` and `bench "
                               "--methods mtp-tree` do, and count its tokens per forward."),
-    tree_shape: str = typer.Option("cost", "--tree-shape", help="With --tree: cost (shaped each round by the round's "
-                                   "costs and the head's confidence, as `generate --tree`) or fixed (the N best "
-                                   "nodes, 6 deep at most)."),
-    tree_floor: float = typer.Option(0.1, "--tree-floor", help="--tree-shape fixed: least cumulative draft probability "
-                                     "of a node off the head's greedy spine (0 = the N best nodes, whatever they are)."),
+    tree_shape: str = option(BenchConfig, "tree_shape", help="With --tree: cost (shaped each round by the round's costs "
+                             "and the head's confidence, as `generate --tree`) or fixed (the N best nodes, 6 deep at "
+                             "most)."),
+    tree_floor: float = option(BenchConfig, "tree_floor", help="--tree-shape fixed: least cumulative draft probability "
+                               "of a node off the head's greedy spine (0 = the N best nodes, whatever they are)."),
     temperatures: str = typer.Option("0", "--temperatures", help="Comma-separated temperatures (0 = greedy)."),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    max_new_tokens: int = MAX_NEW_TOKENS,
+    top_p: float = option(measure_acceptance, "top_p"),
+    max_new_tokens: int = option(measure_acceptance, "max_new_tokens", "--max-new-tokens", "-n"),
     dtype: str = DTYPE,
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = option(measure_acceptance, "seed"),
     out: Path = typer.Option(None, "--out", "-o", help="Also write the rows as JSON here."),
     threads: int = THREADS,
 ) -> None:
     """Measure the head's acceptance per category, k and temperature (no timing)."""
-    from .core.drafters import FIXED_TREE, TREE_NODES, tree_config
+    from .core.drafters import tree_config
     from .core.kernels import R_MAX
-    from .measure.acceptance import markdown, measure_acceptance
+    from .measure.acceptance import markdown
     from .models import chat_ids
     from .pretrained import resolve_head
     from .prompts import data_prompts, load_prompts
 
     if num_draft_tokens is None:
-        num_draft_tokens = str(TREE_NODES) if tree else "1,2,3,4,5,6"
+        num_draft_tokens = str(TREE_NODES) if tree else K_SWEEP
     # a verify pass holds at most R_MAX rows: the last committed token and the drafts
     k_list = parse_list(num_draft_tokens, int, "--num-draft-tokens", minimum=1, maximum=R_MAX - 1)
     tree_config(tree_shape, "torch", floor=tree_floor)  # a bad --tree-shape or floor fails before any model loads
-    if not tree and (tree_shape != "cost" or tree_floor != FIXED_TREE.min_branch_prob):
+    if not tree and (tree_shape != default(BenchConfig, "tree_shape") or tree_floor != default(BenchConfig, "tree_floor")):
         raise InputError("--tree-shape and --tree-floor shape a draft tree: add --tree.")
     t_list = parse_list(temperatures, float, "--temperatures", minimum=0.0)
     set_threads(threads)
@@ -537,12 +551,13 @@ def serve(
     target: str = TARGET,
     head: Path = HEAD,
     dtype: str = DTYPE,
-    num_draft_tokens: int = typer.Option(None, "--num-draft-tokens", "-k",
-                                         help="Drafts per round [default: the head's tuned k]; 0 = plain decoding."),
-    max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait behind the one being decoded; "
-                                  "one more gets 429."),
-    max_tokens_limit: int = typer.Option(1024, "--max-tokens-limit", help="Most new tokens one request may ask for."),
-    default_max_tokens: int = typer.Option(128, "--default-max-tokens", help="New tokens when a request names no max_tokens."),
+    num_draft_tokens: int = option(ServeConfig, "num_draft_tokens", "--num-draft-tokens", "-k",
+                                   help="Drafts per round [default: the head's tuned k]; 0 = plain decoding."),
+    max_queue: int = option(ServeConfig, "max_queue", help="Requests that may wait behind the one being decoded; one more "
+                            "gets 429."),
+    max_tokens_limit: int = option(ServeConfig, "max_tokens_limit", help="Most new tokens one request may ask for."),
+    default_max_tokens: int = option(ServeConfig, "default_max_tokens", help="New tokens when a request names no "
+                                     "max_tokens."),
     tree: bool = TREE,
     switch: bool = SWITCH,
     threads: int = THREADS,
