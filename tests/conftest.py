@@ -113,9 +113,10 @@ def save_tiny_model_dir(path, family: str = "llama"):
     return model, tok
 
 
-def write_tiny_data(model, data_dir, n: int = 24, prompt_len: int = 6, new: int = 40, seed: int = 0):
+def write_tiny_data(model, data_dir, n: int = 24, prompt_len: int = 6, new: int = 40, seed: int = 0, batch: int = 1):
     """A data directory of the tiny target's own greedy continuations of random prompts, in
-    the format `mtpspec data` writes."""
+    the format `mtpspec data` writes. `batch` prompts are continued together (a few hundred
+    samples in a second; rows may round differently from one at a time)."""
     from pathlib import Path
 
     from mtpspec.training.shards import save_manifest, write_shard
@@ -124,9 +125,9 @@ def write_tiny_data(model, data_dir, n: int = 24, prompt_len: int = 6, new: int 
     d.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
     samples = []
-    for _ in range(n):
-        p = torch.randint(4, 97, (1, prompt_len), generator=g)
-        samples.append((hf_greedy(model, p, new, eos=[])[0].tolist(), prompt_len))
+    for i in range(0, n, batch):
+        p = torch.randint(4, 97, (min(batch, n - i), prompt_len), generator=g)
+        samples += [(row.tolist(), prompt_len) for row in hf_greedy(model, p, new, eos=[])]
     write_shard(d / "shard_00000.safetensors.xz", samples)
     save_manifest(d, {"target": {}, "settings": {"tiny": True}, "num_samples": n, "num_shards": 1,
                        "num_tokens": n * (prompt_len + new), "prompts_consumed": n, "prompt_hashes": []})

@@ -14,6 +14,6 @@ from mtpspec.training.train import train
 
 torch.set_num_threads(1)
 cache_dir, out_dir = sys.argv[1], sys.argv[2]
-cfg = TrainConfig(epochs=2, batch_size=8, lr=3e-3, warmup_steps=2, eval_every=1000, save_every=1000, holdout=0.0,
-                  max_draft_tokens=3, bf16=False)
+cfg = TrainConfig(epochs=2, min_steps=0, batch_size=8, lr=3e-3, warmup_steps=2, warmup_fraction=1.0, eval_every=1000,
+                  save_every=1000, holdout=0.0, max_draft_tokens=3, bf16=False)
 train(Target(tiny_model("llama")), cache_dir, out_dir, cfg, HeadConfig(), progress=False)

@@ -33,6 +33,9 @@ def test_sampling_values_out_of_range_are_refused(kw, message):
     ({"max_draft_tokens": 0}, "max_draft_tokens"),
     ({"draft_model_layers": 0}, "draft_model_layers"),
     ({"step_decay": 1.5}, "step_decay"),
+    ({"min_steps": -1}, "min_steps and warmup_steps must be >= 0"),
+    ({"warmup_steps": -1}, "min_steps and warmup_steps must be >= 0"),
+    ({"warmup_fraction": 1.5}, "warmup_fraction must be in"),
 ])
 def test_train_config_refuses_bad_values(kw, message):
     with pytest.raises(InputError, match=message):

@@ -3,6 +3,7 @@ lives in ``__post_init__`` so a bad value fails where it is written, not deep in
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -105,16 +106,23 @@ class TrainConfig:
     # steps than it was unrolled for; a step's cost grows with the unroll, and at equal time 2
     # learned far more than 6 (reports/training/train-rows/).
     max_draft_tokens: int = 2
-    # Passes over the training split.
+    # Passes over the training split; a small set gets more (see `min_steps`).
     epochs: int = 2
+    # At least this many optimizer steps, whatever the set's size: a set too small for them in
+    # `epochs` passes is passed over more times (`plan`). Two passes over a 400-sample set are
+    # only ~50 steps, too few for a fresh head to learn anything. 0 = exactly `epochs` passes.
+    min_steps: int = 400
     # Sequences per optimizer step (global, summed over DDP ranks).
     batch_size: int = 16
     # A batch runs in parts of at most this many (padded) tokens, gradients accumulated: the
     # unrolled head's logits take K x V' floats per token (0 = the whole batch at once).
     micro_batch_tokens: int = 4096
-    # Peak learning rate of AdamW, reached after `warmup_steps`, then cosine to 10% of it.
+    # Peak learning rate of AdamW, reached at the end of the warm-up, then cosine to 10% of it.
     lr: float = 1e-3
+    # Linear warm-up: `warmup_fraction` of the run's steps, at most `warmup_steps`, so a short
+    # run is not spent inside its warm-up (`plan`). Long runs (>= 1,000 steps) warm up for 50.
     warmup_steps: int = 50
+    warmup_fraction: float = 0.05
     weight_decay: float = 0.0
     # Gradient-norm clipping threshold.
     clip: float = 1.0
@@ -158,6 +166,10 @@ class TrainConfig:
             raise InputError(f"kind must be one of {', '.join(TRAIN_KINDS)}, got {self.kind!r}.")
         if self.max_draft_tokens < 1 or self.epochs < 1 or self.batch_size < 1:
             raise InputError("max_draft_tokens, epochs and batch_size must be >= 1.")
+        if self.min_steps < 0 or self.warmup_steps < 0:
+            raise InputError(f"min_steps and warmup_steps must be >= 0, got {self.min_steps} and {self.warmup_steps}.")
+        if not 0.0 <= self.warmup_fraction <= 1.0:
+            raise InputError(f"warmup_fraction must be in [0, 1], got {self.warmup_fraction}.")
         if not 0.0 <= self.holdout < 1.0:
             raise InputError("holdout must be in [0, 1).")
         if self.lr <= 0:
@@ -173,3 +185,10 @@ class TrainConfig:
         if self.draft_model_hidden < 1 or self.draft_model_layers < 1:
             raise InputError("draft_model_hidden and draft_model_layers must be >= 1.")
 
+    def plan(self, steps_per_epoch: int) -> tuple[int, int]:
+        """(epochs, warm-up steps) of a run whose epoch is `steps_per_epoch` optimizer steps:
+        `epochs`, raised until the run takes `min_steps`; a warm-up of `warmup_fraction` of the
+        run (rounded up), at most `warmup_steps`."""
+        epochs = max(self.epochs, math.ceil(self.min_steps / max(1, steps_per_epoch)))
+        total = epochs * steps_per_epoch
+        return epochs, min(self.warmup_steps, math.ceil(self.warmup_fraction * total))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import logging
 import math
 import os
 import random
@@ -46,6 +47,11 @@ from .shards import DataRef
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 DRAFT_MODEL_DIR = "draft_model"  # where kind "draft-model" saves its model (`mtpspec bench --draft-model`)
+# Held-out tokens per target forward below which a run ends by saying what to change: a head
+# this close to 1.0 (no draft accepted) barely speeds decoding up.
+LOW_ACCEPTANCE = 1.2
+
+log = logging.getLogger("mtpspec.train")
 
 
 # -- batching ---------------------------------------------------------------------------------
@@ -393,14 +399,32 @@ def _autocast(enabled: bool) -> Any:
     return torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16, enabled=enabled)
 
 
-def _lr_lambda(cfg: TrainConfig, total: int) -> Callable[[int], float]:
+def _lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
+    """The learning rate's multiplier at each step: linear warm-up over `warmup` steps, then
+    cosine from 1 to 0.1 by step `total`."""
     def f(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     return f
+
+
+def low_acceptance_advice(final: dict[str, float], cfg: TrainConfig, samples: int, step: int, total: int,
+                          epochs: int, warmup: int) -> str | None:
+    """What to change, when the head's held-out acceptance (`final`, from `MTPObjective.acceptance`)
+    stays below LOW_ACCEPTANCE; None when it does not, or when nothing was held out."""
+    accept = final.get("accept_rounds")
+    if accept is None or accept >= LOW_ACCEPTANCE:
+        return None
+    stopped = ", stopped early by --max-steps" if step < total else ""
+    return (f"warning: held-out acceptance is {accept:.2f} tokens per target forward (1.00 = no draft accepted), "
+            f"so this head will barely speed decoding up. It ran {step} of {total} steps{stopped} ({epochs} epochs "
+            f"over {samples} samples, {warmup} warm-up steps, peak lr {cfg.lr:g}). To do better: more data "
+            "(`mtpspec data --num-samples`; a few thousand samples is a good start), more epochs (--epochs), a higher "
+            "--lr, or a shorter warm-up (--warmup-steps); and check that the data was written by `mtpspec data` "
+            "for this very target.")
 
 
 def split(samples: Samples, cfg: TrainConfig) -> tuple[Samples, Samples]:
@@ -491,8 +515,9 @@ def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Sa
     opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
     steps_per_epoch = len(epoch_batches(len(train_set), cfg, 0))
-    total = steps_per_epoch * cfg.epochs
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg, total))
+    epochs, warmup = cfg.plan(steps_per_epoch)  # a small set gets more passes and a shorter warm-up
+    total = steps_per_epoch * epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(warmup, total))
     step = 0
     ckpt = out / CHECKPOINT
     if resume and ckpt.is_file():
@@ -560,13 +585,17 @@ def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Sa
                             "step": step, "train_config": asdict(cfg)}, tmp)
                 tmp.replace(ckpt)
     bar.close()
-    result: dict[str, Any] = {"step": step, "total_steps": total}
+    result: dict[str, Any] = {"step": step, "total_steps": total, "epochs": epochs, "warmup_steps": warmup}
     if main:
         metrics_f.close()  # type: ignore[union-attr]
         module.eval()
         if step == total:
             _save_final(module, out)
         result["final"] = obj.acceptance(held, cfg.batch_size) if held else {}
+        advice = low_acceptance_advice(result["final"], cfg, len(train_set), step, total, epochs, warmup)
+        if advice is not None:
+            result["advice"] = advice
+            log.warning(advice)
         assert before is not None
         changed = [k for k, v in target.model.state_dict().items() if not torch.equal(v, before[k])]
         if changed:  # pragma: no cover - would be a bug in this module
