@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .core.qmodules import attach
 from .errors import InputError, MtpspecError
 
 if TYPE_CHECKING:
@@ -29,9 +30,11 @@ class Loaded:
     model: Any  # a transformers PreTrainedModel
     tokenizer: Any
     name: str
-    # weights="gguf": the file's quantized matrices by HF parameter name (their parameters in
-    # `model` are on the meta device); empty for a dense load.
+    # weights="gguf": the file's quantized matrices by HF parameter name, which `model` holds as
+    # `QuantLinear` / `QuantEmbedding` modules over those blocks; empty for a dense load.
     quantized: dict[str, QTensor] = field(default_factory=dict)
+    weights: str = "dense"  # what the model computes on: "dense" tensors or the file's "gguf" blocks
+    weights_reason: str = ""  # why that, in a sentence the CLI and the bench print
 
 
 def default_gguf_path() -> Path:
@@ -107,8 +110,8 @@ def load_target(name: str | None = None, dtype: str | torch.dtype = "fp32", weig
 
     hf_logging.set_verbosity_error()
     torch_dtype = resolve_dtype(dtype)
-    if weights not in gguf.WEIGHTS:
-        raise InputError(f"Unknown weights {weights!r}; use one of {', '.join(gguf.WEIGHTS)}.")
+    if weights not in ("auto", *gguf.WEIGHTS):
+        raise InputError(f"Unknown weights {weights!r}; use auto or one of {', '.join(gguf.WEIGHTS)}.")
     if name is None or name == DEFAULT_TARGET:
         path, label = default_gguf_path(), DEFAULT_TARGET
     else:
@@ -120,13 +123,38 @@ def load_target(name: str | None = None, dtype: str | torch.dtype = "fp32", weig
             )
     if path.suffix == ".gguf":
         gf = gguf.open_gguf(path)
+        weights, why = _gguf_weights(gf, torch_dtype, weights)
         if gf.architecture in gguf.FAST_ARCHS or weights == "gguf":
             model, tok, quantized = gguf.load(gf, torch_dtype, weights)
-            return Loaded(model=model.to(torch_dtype), tokenizer=tok, name=label, quantized=quantized)
+            model = attach(model.to(torch_dtype), quantized, torch_dtype)
+            return Loaded(model=model, tokenizer=tok, name=label, quantized=quantized, weights=weights, weights_reason=why)
     elif weights == "gguf":
         raise InputError(f"weights='gguf' needs a .gguf target; {path} is not one (use weights='dense').")
     model, tok = _load_with_transformers(path, torch_dtype)
-    return Loaded(model=model, tokenizer=tok, name=label)
+    return Loaded(model=model, tokenizer=tok, name=label, weights_reason="dense: not a GGUF file")
+
+
+def _gguf_weights(gf: Any, dtype: torch.dtype, weights: str) -> tuple[str, str]:
+    """(dense or gguf, why) for a GGUF target. auto: the file's blocks wherever the fused
+    forward runs them (the fastest exact choice: the same outputs as dense weights at a third
+    of the bytes or less), else dense."""
+    from . import gguf
+    from .core import fused
+    from .core.quant import NAMES
+
+    types = sorted({NAMES[t.qtype] for t in gf.tensors.values() if t.qtype in NAMES and len(t.shape) == 2})
+    blocks = f"the file's {'/'.join(types)} blocks, dequantized in registers"
+    if weights == "gguf":
+        return "gguf", f"gguf: {blocks} (asked for)"
+    if weights == "dense":
+        return "dense", "dense: asked for"
+    if gf.architecture not in gguf.FAST_ARCHS:
+        return "dense", f"dense: mtpspec reads {', '.join(gguf.FAST_ARCHS)} GGUF files itself, not {gf.architecture}"
+    if (why := fused.reason(dtype)) is not None:
+        return "dense", f"dense: the fused forward that computes on blocks does not run here ({why})"
+    if not types:
+        return "dense", "dense: the file holds no quantized matrix the kernels read"
+    return "gguf", f"gguf: {blocks} (auto: the fastest exact choice here)"
 
 
 def _load_with_transformers(path: Path, torch_dtype: torch.dtype) -> tuple[Any, Any]:

@@ -13,6 +13,12 @@ from .fused import quantized_rows
 from .quant import QTensor
 
 
+def dense_weight(q: QTensor, dtype: torch.dtype) -> torch.Tensor:
+    """The whole (O, I) matrix in `dtype`, freshly dequantized (by fused.c where it runs here)."""
+    rows = quantized_rows(q, torch.arange(q.shape[0]), dtype) if dtype in (torch.bfloat16, torch.float32) else None
+    return q.dequantize().to(dtype) if rows is None else rows
+
+
 class QuantLinear(nn.Module):
     """An `nn.Linear` whose weight stays as a GGUF file's blocks (`qweight`); a bias, if any,
     stays dense. The fused forward reads the blocks; this torch `forward` (the op-by-op path,
@@ -27,7 +33,7 @@ class QuantLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., I) -> (..., O)
-        return torch.nn.functional.linear(x, self.qweight.dequantize().to(x.dtype), self.bias)
+        return torch.nn.functional.linear(x, dense_weight(self.qweight, x.dtype).to(x.device), self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.qweight.name}"
@@ -44,7 +50,7 @@ class QuantEmbedding(nn.Module):
         self.register_buffer("blocks", qweight.data, persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (...,) -> (..., D)
-        rows = quantized_rows(self.qweight, ids.cpu(), self.dtype)
+        rows = quantized_rows(self.qweight, ids.cpu(), self.dtype) if self.dtype in (torch.bfloat16, torch.float32) else None
         if rows is None:
             rows = self.qweight.dequantize(ids.reshape(-1).cpu()).to(self.dtype)
         return rows.reshape(*ids.shape, self.embedding_dim).to(ids.device)
