@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_target import FAMILIES, QUIRKY, any_model
+from conftest import FAMILIES, QUIRKY, any_model
 from transformers.generation.logits_process import TopPLogitsWarper
 
 from mtpspec.training import fast_generate

@@ -192,6 +192,7 @@ def test_samples_whose_prompt_fills_the_cache_add_nothing_and_break_nothing(tiny
         obj.acceptance(cut + samples, 2)  # evaluation batches them too
 
 
+@pytest.mark.slow
 def test_copy_vocabulary_training_learns_to_copy(tiny_run):
     """Fit on answers most of whose tokens lie outside a 16-token draft vocabulary: with
     --copy-context the head learns to draft the ones its context holds; without it those tokens
@@ -241,6 +242,7 @@ def test_round_weight_adds_weight_only_where_rounds_start(tiny_run):
         TrainConfig(round_weight=-1.0)
 
 
+@pytest.mark.slow
 def test_head_overfits_one_batch_to_high_acceptance(tiny_run):
     model, root = tiny_run
     samples = load_cache(root / "act")[:4]
@@ -310,6 +312,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_ddp_processes_follow_one_process(tiny_run, tmp_path):
     model, root = tiny_run
     worker = Path(__file__).parent / "ddp_worker.py"
