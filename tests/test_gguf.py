@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 
+from mtpspec.core.qmodules import QuantEmbedding, QuantLinear
+
 from mtpspec import gguf as mg
 from mtpspec.core.quant import BLOCKS, QTensor
 from mtpspec.errors import InputError
@@ -276,11 +278,14 @@ def test_weights_gguf_keeps_the_blocks_and_no_dense_copy(cache, hf_fp32):
     loaded = load_target(None, "fp32", weights="gguf")
     assert loaded.quantized.keys() == mg.read_quantized(_embedded()).keys()
     ref = dict(hf_fp32[0].named_parameters(remove_duplicate=False))
-    for name, p in loaded.model.named_parameters(remove_duplicate=False):
-        base = "model.embed_tokens.weight" if name == "lm_head.weight" else name
-        if base in loaded.quantized:
-            assert p.device.type == "meta" and p.shape == ref[name].shape
-        else:  # the norms stay dense, as transformers loads them
-            assert torch.equal(p.detach(), ref[name].detach()), name
-    assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight
+    params = dict(loaded.model.named_parameters(remove_duplicate=False))
+    for name in loaded.quantized:  # each quantized matrix's module holds its blocks, no parameter
+        module = loaded.model.get_submodule(name.rpartition(".")[0])
+        assert isinstance(module, (QuantLinear, QuantEmbedding)) and name not in params
+        assert module.qweight is loaded.quantized[name] and tuple(ref[name].shape) == module.qweight.shape
+    for name, p in params.items():  # the norms stay dense, as transformers loads them
+        assert torch.equal(p.detach(), ref[name].detach()), name
+    assert all(p.dim() == 1 for p in params.values())
+    assert loaded.model.lm_head.qweight is loaded.model.model.embed_tokens.qweight  # tied, as in the file
+    assert loaded.weights == "gguf"
     assert load_target(None, "fp32").quantized == {}  # dense is the default

@@ -90,7 +90,7 @@ static inline __m512 vexp(__m512 x) {
 
 #define NRMAX 6     /* rows per block: NRMAX x 4 accumulators + 4 weight vectors + 1 row vector <= 32 registers */
 #define PF_BLOCKS 2 /* prefetch the weight rows this many blocks ahead, to L1 (measured: 1-8 blocks alike in bf16; in fp32
-                     * 4 blocks to L2 sped 9 rows up but slowed one row, reports/fused-v3) */
+                     * 4 blocks to L2 sped 9 rows up but slowed one row, reports/fused/fused-v3) */
 
 /* The first two levels of _mm512_reduce_add_ps's tree (lanes l + l+8, then + l+4) for a[0..3]
  * at once: 128-bit block b of the result holds a[b]'s four partial sums. */
