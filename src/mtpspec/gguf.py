@@ -319,18 +319,17 @@ def dequantize(raw: np.ndarray, qtype: int) -> torch.Tensor:
     return torch.from_numpy(np.asarray(out, dtype=np.float32)).reshape(R, -1)
 
 
-def _dense(gf: GGUFFile, info: TensorInfo, dtype: torch.dtype) -> torch.Tensor:
-    """One tensor as transformers loads it: dequantized, rows in HF's order, cast to `dtype`;
-    done a few rows at a time so that only `CHUNK` fp32 values exist at once."""
+def _dense_into(out: torch.Tensor, gf: GGUFFile, info: TensorInfo) -> None:
+    """Fill `out` (info.shape) with one tensor as transformers loads it: dequantized, rows in HF's
+    order, cast to out's dtype; a few rows at a time, so that only `CHUNK` fp32 values exist at once."""
     raw = gf.raw(info)
     order = _row_order(gf, info.name, raw.shape[0])
     if order is not None:
         raw = raw[order]
-    out = torch.empty(raw.shape[0], info.shape[-1], dtype=dtype)
+    rows = out.view(raw.shape[0], -1)
     step = max(1, CHUNK // info.shape[-1])
     for r in range(0, raw.shape[0], step):
-        out[r:r + step] = dequantize(raw[r:r + step], info.qtype)  # copy_ rounds fp32 -> dtype as .to does
-    return out.reshape(info.shape)
+        rows[r:r + step] = dequantize(raw[r:r + step], info.qtype)  # copy_ rounds fp32 -> dtype as .to does
 
 
 def load(gf: GGUFFile, dtype: torch.dtype, weights: str = "dense") -> tuple[Any, Any, dict[str, QTensor]]:
@@ -350,15 +349,16 @@ def load(gf: GGUFFile, dtype: torch.dtype, weights: str = "dense") -> tuple[Any,
     quantized = _quantized(gf, names) if weights == "gguf" else {}
     with no_init_weights():  # parameters are placeholders (never touched), buffers are computed
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    state = {}
+    # Every output is allocated before any temporary: allocated between them, the freed
+    # temporaries stay in the heap for good (glibc cannot return memory below a live block),
+    # ~60 MB more at the peak and after.
+    state = {hf: torch.empty(gf.tensors[stored].shape, dtype=dtype, device="meta" if hf in quantized else "cpu")
+             for stored, hf in names.items()}
     for stored, hf in names.items():
-        info = gf.tensors[stored]
-        if hf in quantized:
-            state[hf] = torch.empty(info.shape, dtype=dtype, device="meta")
-        else:
-            state[hf] = _dense(gf, info, dtype)
+        if hf not in quantized:
+            _dense_into(state[hf], gf, gf.tensors[stored])
             if weights == "dense":
-                gf.release(info)
+                gf.release(gf.tensors[stored])
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()  # assign replaced the tied parameter: tie lm_head to the embedding again
     missing = sorted({n for n, _ in model.named_parameters()} - set(state))
