@@ -140,11 +140,11 @@ def test_costs_picks_k_from_acceptance_and_saves_it_in_the_head(model_dir, tmp_p
              {"k": 3, "temperature": 0.0, "category": "qa", "position_acceptance": [0.0, 0.0, 0.0]}]
     (tmp_path / "acc.json").write_text(json.dumps(rates))
     base = ["costs", "--target", str(d), "--head", str(tmp_path / "head"), "--max-n", "4", "--context", "8", "--reps", "2",
-            "--dtype", "fp32"]
+            "--dtype", "fp32", "--bandwidth-mib", "16"]  # a small buffer: the bandwidth has its own tests (test_costs.py)
     r = runner.invoke(app, base + ["--acceptance", str(tmp_path / "acc.json"), "--save-k", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert set(out["predicted_speedup"]) == {"1", "2", "3"}
+    assert set(out["predicted_speedup"]) == {"1", "2", "3"} and out["memory"] is not None
     top = max(out["predicted_speedup"], key=lambda k: out["predicted_speedup"][k])
     assert out["best_k"] == (int(top) if out["predicted_speedup"][top] > 1.0 else 0)
     saved = json.loads((tmp_path / "head" / "mtp_head.json").read_text())["recommended_k"]
@@ -185,7 +185,7 @@ def test_data_then_train_then_generate(model_dir, tmp_path):
         assert text.startswith("w4") and text.endswith("w6") and any(g in text for g in given)
 
     run = tmp_path / "run"
-    r = runner.invoke(app, ["train", "--target", str(d), "--data", str(tmp_path / "data"), "--out", str(run),
+    r = runner.invoke(app, ["train", "--min-steps", "0", "--target", str(d), "--data", str(tmp_path / "data"), "--out", str(run),
                             "--max-draft-tokens", "2", "--hidden-layers", "-2,-1", "--epochs", "1", "--batch-size", "2",
                             "--lr", "0.002", "--warmup-steps", "1", "--holdout", "0", "--no-bf16", "--cache-dtype", "fp32",
                             "--threads", "1"])
@@ -204,7 +204,7 @@ def test_data_then_train_then_generate(model_dir, tmp_path):
     # DIR:1, the set's first shard, in the same run directory: its cache serves it as it is
     first = len(load_samples(tmp_path / "data", shards=1))
     stamp = (run / "activations" / "activations.json").stat().st_mtime_ns
-    r = runner.invoke(app, ["train", "--target", str(d), "--data", f"{tmp_path / 'data'}:1", "--out", str(run),
+    r = runner.invoke(app, ["train", "--min-steps", "0", "--target", str(d), "--data", f"{tmp_path / 'data'}:1", "--out", str(run),
                             "--max-draft-tokens", "2", "--hidden-layers", "-2,-1", "--epochs", "1", "--batch-size", "2",
                             "--holdout", "0", "--no-bf16", "--cache-dtype", "fp32", "--threads", "1"])
     assert r.exit_code == 0, r.output
@@ -244,7 +244,7 @@ def test_train_autocast_defaults_to_the_cpus_bf16(model_dir, tmp_path, monkeypat
                             "--document-share", "0", "--follow-up-share", "0", *DATA_FLAGS])
     assert r.exit_code == 0, r.output
     run = tmp_path / "run"
-    r = runner.invoke(app, ["train", "--target", str(d), "--data", str(tmp_path / "data"), "--out", str(run),
+    r = runner.invoke(app, ["train", "--min-steps", "0", "--target", str(d), "--data", str(tmp_path / "data"), "--out", str(run),
                             "--max-draft-tokens", "2", "--epochs", "1", "--batch-size", "2", "--holdout", "0",
                             "--cache-dtype", "fp32", "--threads", "1"])
     assert r.exit_code == 0, r.output
@@ -266,7 +266,7 @@ def test_base_model_head_end_to_end(tmp_path):
     samples = load_samples(tmp_path / "data")
     assert len(samples) >= 6 and all(0 < pl < len(ids) for ids, pl in samples)
     run = tmp_path / "run"
-    r = runner.invoke(app, ["train", "--target", str(d), "--data", str(tmp_path / "data"), "--out", str(run),
+    r = runner.invoke(app, ["train", "--min-steps", "0", "--target", str(d), "--data", str(tmp_path / "data"), "--out", str(run),
                             "--max-draft-tokens", "2", "--epochs", "1", "--batch-size", "2", "--holdout", "0",
                             "--no-bf16", "--cache-dtype", "fp32", "--threads", "1"])
     assert r.exit_code == 0, r.output
@@ -287,7 +287,7 @@ def test_train_a_draft_model(model_dir, tmp_path):
     d, model, _ = model_dir
     write_tiny_data(model, tmp_path / "data", n=4, new=10)
     run = tmp_path / "run"
-    r = runner.invoke(app, ["train", "--target", str(d), "--data", str(tmp_path / "data"), "--out", str(run),
+    r = runner.invoke(app, ["train", "--min-steps", "0", "--target", str(d), "--data", str(tmp_path / "data"), "--out", str(run),
                             "--kind", "draft-model", "--draft-model-hidden", "16", "--draft-model-layers", "1",
                             "--epochs", "1", "--batch-size", "2", "--holdout", "0", "--no-bf16", "--cache-dtype", "fp32"])
     assert r.exit_code == 0, r.output
@@ -427,10 +427,12 @@ def test_train_builds_its_configs_from_the_flags(model_dir, tmp_path, monkeypatc
     monkeypatch.setattr(cli, "train_on_data", lambda data, out, cfg, hc, *a, **kw: calls.append((cfg, hc)))
     r = runner.invoke(app, ["train", "--target", str(d), "--data", str(tmp_path), "--out", str(tmp_path / "run"),
                             "--epochs", "3", "--lr", "0.01", "--no-bf16", "--copy-context", "--num-blocks", "2",
-                            "--hidden-layers", "-2,-1", "--max-draft-tokens", "4"])
+                            "--hidden-layers", "-2,-1", "--max-draft-tokens", "4", "--min-steps", "10",
+                            "--warmup-fraction", "0.2"])
     assert r.exit_code == 0, r.output
     (cfg, hc), = calls
-    assert cfg == TrainConfig(epochs=3, lr=0.01, bf16=False, copy_context=True, max_draft_tokens=4)
+    assert cfg == TrainConfig(epochs=3, lr=0.01, bf16=False, copy_context=True, max_draft_tokens=4, min_steps=10,
+                              warmup_fraction=0.2)
     assert hc == HeadConfig(num_blocks=2, hidden_layers=(-2, -1))
 
 

@@ -262,10 +262,14 @@ def train(
     max_draft_tokens: int = option(TrainConfig, "max_draft_tokens", help="Draft steps unrolled in training. The head "
                                    "drafts more at decode time (its block is shared across steps); at equal time 2 "
                                    "beat 3 and 6 by far (reports/training/train-rows/)."),
-    epochs: int = option(TrainConfig, "epochs"),
+    epochs: int = option(TrainConfig, "epochs", help="Passes over the training split (more for a small set: --min-steps)."),
+    min_steps: int = option(TrainConfig, "min_steps", help="At least this many optimizer steps: a set too small for them "
+                            "in --epochs passes is passed over more times (0 = exactly --epochs passes)."),
     batch_size: int = option(TrainConfig, "batch_size"),
     lr: float = option(TrainConfig, "lr"),
-    warmup_steps: int = option(TrainConfig, "warmup_steps"),
+    warmup_steps: int = option(TrainConfig, "warmup_steps", help="Longest linear warm-up, in optimizer steps."),
+    warmup_fraction: float = option(TrainConfig, "warmup_fraction", help="Warm-up as a share of the run's steps (at most "
+                                    "--warmup-steps), so a short run is not spent warming up."),
     weight_decay: float = option(TrainConfig, "weight_decay"),
     clip: float = option(TrainConfig, "clip"),
     bf16: bool = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast for training the head or draft model "
