@@ -50,6 +50,7 @@ def bench_run(tmp_path_factory):
     return out, json.loads((out / "results.json").read_text()), dm
 
 
+@pytest.mark.slow
 def test_report_files_and_every_method(bench_run):
     out, res, _ = bench_run
     for name in ["results.json", "results.md", "speedup.png", "acceptance.png", "memory.png"]:
@@ -61,6 +62,7 @@ def test_report_files_and_every_method(bench_run):
     assert res["categories"] == ["chat", "code"]
 
 
+@pytest.mark.slow
 def test_every_method_is_identical_to_hf(bench_run):
     _, res, _ = bench_run
     overall = {s["method"]: s for s in res["summaries"] if s["category"] == "all"}
@@ -72,6 +74,7 @@ def test_every_method_is_identical_to_hf(bench_run):
         assert overall[m]["identical_k0"] == 4, m
 
 
+@pytest.mark.slow
 def test_bf16_bench_is_exact_against_k0_and_prints_the_verify_cost(tmp_path):
     """In bf16 HF's methods (run in fp32 by default) may differ; mtpspec's never differ from k0."""
     model, _ = save_tiny_model_dir(tmp_path / "model")
@@ -91,6 +94,7 @@ def test_bf16_bench_is_exact_against_k0_and_prints_the_verify_cost(tmp_path):
     assert "verify forward cost in this run" in r.output and "mtp-tree" in r.output
 
 
+@pytest.mark.slow
 def test_forward_counts_and_acceptance(bench_run):
     _, res, _ = bench_run
     overall = {s["method"]: s for s in res["summaries"] if s["category"] == "all"}
@@ -108,6 +112,7 @@ def test_forward_counts_and_acceptance(bench_run):
     assert sum(s["new_tokens"] for s in by_category) == overall["mtp"]["new_tokens"]
 
 
+@pytest.mark.slow
 def test_records_carry_decode_stats_for_mtpspec_methods_only(bench_run):
     _, res, _ = bench_run
     for r in res["records"]:
@@ -119,6 +124,7 @@ def test_records_carry_decode_stats_for_mtpspec_methods_only(bench_run):
             assert len(s["accept_hist"]) == res["method_k"][r["method"]] + 1
 
 
+@pytest.mark.slow
 def test_draft_model_memory(bench_run):
     _, res, dm = bench_run
     mem = res["memory"]

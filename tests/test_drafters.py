@@ -81,7 +81,7 @@ def test_the_spine_verified_first_is_the_heads_greedy_chain():
     assert order[:3] == [0, 1, 2]  # the lookup branch leads
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [f if f == "llama" else pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES])
 def test_tree_and_hybrid_greedy_equal_hf_greedy(family):
     model = tiny_model(family)
     head = mtpspec.MTPHead.for_target(model)

@@ -215,6 +215,7 @@ def test_text_stream_never_shows_half_a_character_or_part_of_a_stop_string():
 
 
 # -- load ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_sixteen_concurrent_streams_each_get_their_whole_answer(server, ref):
     url, engine = server
     prompts = [f"w{10 + i} w{30 + i}" for i in range(16)]
@@ -302,6 +303,7 @@ FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", 
           "stop", "stream", "stream_options", "n", "user"]
 
 
+@pytest.mark.slow
 def test_fuzzed_request_bodies_never_get_a_5xx(server):
     """Random and wrong-typed values in every field, some missing, some extra: 4xx or 200, never
     5xx; /metrics counts every 200 as a request served whole and none as the worker's error."""
@@ -436,6 +438,7 @@ def test_each_streamed_token_is_flagged_as_an_accepted_draft_or_the_targets_own(
     assert any(len(c.pieces) > 1 for c in chunks) and last.mean_accepted > 1
 
 
+@pytest.mark.slow
 def test_playground_streams_and_colours_a_reply_in_headless_chromium(server, ref, tmp_path):
     from headless import Browser, find_chromium
 
