@@ -48,6 +48,7 @@ def test_acceptance_over_a_data_set_decodes_the_prompts_its_target_saw(tmp_path,
 
     from conftest import write_tiny_data
 
+    import mtpspec.cli as cli_mod
     import mtpspec.measure.acceptance as acc_mod
     from mtpspec.core.target import Target
     from mtpspec.training.shards import load_samples
@@ -64,7 +65,8 @@ def test_acceptance_over_a_data_set_decodes_the_prompts_its_target_saw(tmp_path,
         return real(target, head, prompts, inputs, *args, **kwargs)
 
     real = acc_mod.measure_acceptance
-    monkeypatch.setattr(acc_mod, "measure_acceptance", recording)
+    # the CLI holds its own reference (it reads the function's defaults for its options)
+    monkeypatch.setattr(cli_mod, "measure_acceptance", recording)
     r = CliRunner().invoke(app, ["acceptance", "--target", str(tmp_path / "m"), "--head", str(tmp_path / "head"),
                                  "--prompts", str(data), "--limit", "3", "-k", "2", "-n", "4", "--threads", "1"])
     assert r.exit_code == 0, r.output
