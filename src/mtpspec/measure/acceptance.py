@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.decode import generate
-from ..core.drafters import TreeConfig, TreeDrafter
+from ..core.drafters import TreeConfig, build_drafter
 from ..core.stats import DecodeStats
 from ..core.target import Target
 from ..prompts import Prompt
@@ -61,7 +61,7 @@ def measure_acceptance(target: Target, head: Any, prompts: Sequence[Prompt], inp
     for i, (p, ids) in enumerate(zip(prompts, inputs)):
         for k in num_draft_tokens:
             for temp in temperatures:
-                drafter = TreeDrafter(head, tree) if tree is not None else head
+                drafter, _ = build_drafter(head, "chain" if tree is None else "tree", k=k, tree=tree)
                 out = generate(target, drafter, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k,
                                temperature=temp, top_p=top_p if temp > 0 else 1.0, seed=seed + i if temp > 0 else None)
                 for cat in (p.category, ALL):
