@@ -24,7 +24,7 @@ k = int(sys.argv[4]) if len(sys.argv) > 4 else 6
 blocks = int(sys.argv[5]) if len(sys.argv) > 5 else 1
 state = torch.load(run if run.is_file() else run / "checkpoint.pt", map_location="cpu", weights_only=False)
 target = Target(load_target(None, "fp32").model)
-head = MTPHead(target, HeadConfig(draft_vocab_size=vocab, max_draft_tokens=k, num_blocks=blocks), state["model"]["draft_ids"]).float()
+head = MTPHead(target, HeadConfig(draft_vocab_size=vocab, trained_draft_tokens=k, num_blocks=blocks), state["model"]["draft_ids"]).float()
 head.load_state_dict(state["model"], strict=True)
 head.save_pretrained(out)
 print(json.dumps({"step": state["step"], "out": str(out)}))
