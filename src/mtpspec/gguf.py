@@ -291,24 +291,26 @@ def read_quantized(path: str | os.PathLike[str]) -> dict[str, QTensor]:
 
 def dequantize(raw: np.ndarray, qtype: int) -> torch.Tensor:
     """(R, row_bytes) uint8 as stored -> (R, I) fp32: gguf-py's `dequantize`, the function
-    transformers calls, transcribed to torch for Q4_0 / Q4_1 / Q8_0 with the same operations in
-    the same order (fp16 scales widened exactly, one multiply, then one add for Q4_1's minimum),
-    so the values are equal bit for bit, at a third of the time."""
+    transformers calls, transcribed to torch for Q4_0 / Q4_1 / Q8_0 with the same roundings in
+    the same order (fp16 scales and small integers widened exactly, one multiply, then one add
+    for Q4_1's minimum), so the values are equal bit for bit, in a fraction of the time."""
     R = raw.shape[0]
     b = torch.from_numpy(raw)
     if qtype == Q8_0:
         blocks = b.reshape(-1, 34)
         d = blocks[:, :2].contiguous().view(torch.float16).float()  # (blocks, 1)
-        return (blocks[:, 2:].contiguous().view(torch.int8).float() * d).reshape(R, -1)
+        return blocks[:, 2:].contiguous().view(torch.int8).float().mul_(d).reshape(R, -1)
     if qtype in (Q4_0, Q4_1):
         blocks = b.reshape(-1, BLOCKS[qtype][1])
         d = blocks[:, :2].contiguous().view(torch.float16).float()
         qs = blocks[:, 2:] if qtype == Q4_0 else blocks[:, 4:]
-        q = torch.cat([qs & 0x0F, qs >> 4], dim=1)  # (blocks, 32): low nibbles are elements 0..15
+        q = torch.empty(blocks.shape[0], 32, dtype=torch.uint8)  # low nibbles are elements 0..15
+        torch.bitwise_and(qs, 0x0F, out=q[:, :16])
+        torch.bitwise_right_shift(qs, 4, out=q[:, 16:])
+        x = q.float()  # (blocks, 32); in place from here: the same roundings, fewer passes
         if qtype == Q4_0:
-            return (d * (q.to(torch.int8) - 8).float()).reshape(R, -1)
-        m = blocks[:, 2:4].contiguous().view(torch.float16).float()
-        return (d * q.float() + m).reshape(R, -1)
+            return x.sub_(8).mul_(d).reshape(R, -1)  # q - 8 is exact in fp32, as in int8
+        return x.mul_(d).add_(blocks[:, 2:4].contiguous().view(torch.float16).float()).reshape(R, -1)
     from gguf import GGMLQuantizationType
     from gguf import dequantize as gguf_dequantize
 
