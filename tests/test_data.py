@@ -38,6 +38,7 @@ def test_writes_samples_and_manifest(tiny, tmp_path):
         assert tok.decode(ids[:pl]).startswith("w4")
 
 
+@pytest.mark.slow
 def test_resume_extends_exactly_like_one_run(tiny, tmp_path):
     model, tok = tiny
     generate_data(model, tok, tmp_path / "one", DataConfig(num_samples=8, **CFG), progress=False)
@@ -330,6 +331,7 @@ def test_everyday_requests_share_no_phrase_with_the_built_in_prompts():
     assert not shared, sorted(shared)[:5]
 
 
+@pytest.mark.slow
 def test_everyday_share_asks_template_requests_and_leaves_older_sets_resumable(tiny, tmp_path):
     import random
 

@@ -85,6 +85,7 @@ def test_native_kernels_refuse_what_they_cannot_compute():
         native.rowdot(_rand(2, 8, seed=0), _rand(4, 8, seed=0).bfloat16())
 
 
+@pytest.mark.slow
 def test_plans_with_native_kernels_are_row_invariant_and_without_them_never_offer_them(tmp_path):
     for dtype in native.DTYPES:
         plan = kernels.choose_plan(dtype, {(64, 32): 2, (97, 32): 1}, (4, 2, 16), 2, use_cache=False)

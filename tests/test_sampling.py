@@ -99,6 +99,7 @@ SETTINGS = {
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.slow
 def test_speculative_sampling_matches_the_target_distribution(setting):
     cfg, k, head_cfg = SETTINGS[setting]
     model = _small_vocab_target()
@@ -109,6 +110,7 @@ def test_speculative_sampling_matches_the_target_distribution(setting):
     assert chisquare_pvalue(counts, exact_law(model, cfg)) > 1e-3
 
 
+@pytest.mark.slow
 def test_the_distribution_check_rejects_a_misreported_q():
     cfg, k, head_cfg = SETTINGS["t1.0"]
     model = _small_vocab_target()
@@ -167,6 +169,7 @@ SAMPLED_DRAFTERS = {
 
 
 @pytest.mark.parametrize("name", list(SAMPLED_DRAFTERS))
+@pytest.mark.slow
 def test_trees_and_drafts_without_q_sample_the_target_distribution(name):
     cfg = SamplingConfig(temperature=1.0)
     model = _small_vocab_target()
@@ -177,6 +180,7 @@ def test_trees_and_drafts_without_q_sample_the_target_distribution(name):
     assert chisquare_pvalue(counts, exact_law(model, cfg)) > 1e-3
 
 
+@pytest.mark.slow
 def test_the_tree_check_rejects_a_rule_without_renormalisation(monkeypatch):
     """The check above has power: testing later siblings against an unnormalised residual
     (patched into the sampler) moves the output off the target's law."""

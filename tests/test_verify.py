@@ -199,6 +199,7 @@ def _first_two_tokens(rule, q: torch.Tensor, p: torch.Tensor, n: int, seed: int)
 
 
 @pytest.mark.parametrize("rule, passes", [(accept_speculative, True), (_always_accept, False)])
+@pytest.mark.slow
 def test_sampled_rounds_match_the_target_law(rule, passes):
     q = _dirichlet(2, 5, 11)
     p = _dirichlet(3, 5, 12)
@@ -339,7 +340,7 @@ TREE_CASES = {
 
 
 @pytest.mark.parametrize("case", list(TREE_CASES))
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])  # a second draw of p and q: 2 s a case
 def test_tree_round_is_exactly_the_target_law(case, seed):
     V = 4
     q, target = TREE_CASES[case](TREE, V, seed)
@@ -411,6 +412,7 @@ def _walk_with(probs):
     (accept_speculative_tree, "sampled_iid_siblings", True),
     (_walk_with(tree_probs_without_renormalisation), "top_w", False),
 ])
+@pytest.mark.slow
 def test_sampled_tree_rounds_match_the_target_law(rule, case, passes):
     """The real sampler: counts of the first two emitted tokens over many seeded rounds (drafts
     drawn afresh from q each round) against the target's joint law."""
