@@ -59,6 +59,9 @@ TARGET = typer.Option(None, "--target", "-t", help="Local model dir or .gguf fil
 HEAD = typer.Option(None, "--head", help="Saved head directory [default: the shipped head for the target, else a fresh one].")
 DTYPE = typer.Option("auto", "--dtype", help="auto (bf16 where the CPU has native bf16, else fp32), fp32 or bf16.")
 THREADS = typer.Option(0, "--threads", help="torch threads (0 = torch default).")
+WEIGHTS = typer.Option("auto", "--weights", help="What a GGUF target computes on: auto (its quantized blocks wherever "
+                       "the fused forward runs them: the same outputs as dense weights at a third of the bytes or "
+                       "less; else dense), gguf, or dense (every matrix dequantized into memory).")
 PROMPTS = typer.Option(None, "--prompts", help="Spec-Bench style .jsonl [default: the built-in on-device set].")
 LIMIT = typer.Option(None, "--limit", help="Run an evenly spread subset of N prompts.")
 K_SWEEP = "1,2,3,4,5,6"  # the chains `mtpspec acceptance` measures unless -k names others
@@ -113,12 +116,12 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def open_target(name: str | None, dtype: str) -> tuple[Any, Any]:
-    """--target and --dtype: the loaded model with its tokenizer and name, and its `Target`."""
+def open_target(name: str | None, dtype: str, weights: str = "dense") -> tuple[Any, Any]:
+    """--target, --dtype and --weights: the loaded model with its tokenizer and name, and its `Target`."""
     from .core.target import Target
     from .models import load_target
 
-    loaded = load_target(name, dtype)
+    loaded = load_target(name, dtype, weights)
     return loaded, Target(loaded.model)
 
 
@@ -161,6 +164,7 @@ def generate(
     top_p: float = option(SamplingConfig, "top_p", help="1.0 = off."),
     seed: int = option(SamplingConfig, "seed", help="Seed for sampling (reproducible output)."),
     dtype: str = DTYPE,
+    weights: str = WEIGHTS,
     compare: bool = typer.Option(False, "--compare", help="Also decode plainly (k=0) and print both speeds side by side."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
     tree: bool = TREE,
@@ -170,11 +174,12 @@ def generate(
     from . import generate as decode
     from .core.drafters import build_drafter
     from .measure.compare import compare as compare_plain
+    from .measure.memory import memory_report
     from .models import chat_ids
     from .pretrained import resolve_head
 
     kind = drafter_kind(tree, switch)
-    loaded, tgt = open_target(target, dtype)
+    loaded, tgt = open_target(target, dtype, weights)
     drafter, k = build_drafter(resolve_head(tgt, loaded.name, head, fresh_head, _warn).head, kind, k=num_draft_tokens)
     ids = chat_ids(loaded.tokenizer, prompt)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
@@ -188,14 +193,16 @@ def generate(
     if as_json:
         new_ids = out.sequences[0, ids.shape[1]:].tolist()
         obj: dict[str, Any] = {"text": loaded.tokenizer.decode(new_ids, skip_special_tokens=True), "token_ids": new_ids,
-                               "num_draft_tokens": k, "stats": s.to_dict()}
+                               "num_draft_tokens": k, "stats": s.to_dict(), "dtype": str(tgt.dtype).removeprefix("torch."),
+                               "weights": loaded.weights, "weights_reason": loaded.weights_reason,
+                               "memory": memory_report(tgt, drafter)}
         if cmp:
             obj["plain"] = {"identical": cmp.identical, "stats": cmp.plain.stats.to_dict(), "speedup": round(cmp.speedup, 3)}
         typer.echo(json.dumps(obj))
         return
     tok_s = cmp.spec_tokens_per_s if cmp else (s.tokens_per_s or 0.0)
     typer.echo(f"\n[{s.new_tokens} tokens, {tok_s:.1f} tok/s, k={k}, {s.mean_accepted:.2f} tokens per target forward, "
-               f"{s.target_forwards} target forwards]")
+               f"{s.target_forwards} target forwards; {str(tgt.dtype).removeprefix('torch.')} on {loaded.weights} weights]")
     if cmp:
         typer.echo(f"[plain decoding: {cmp.plain_tokens_per_s:.1f} tok/s; with the head: {cmp.speedup:.2f}x; "
                    f"outputs {'identical' if cmp.identical else 'DIFFERENT'}]")
@@ -326,6 +333,7 @@ def costs(
     target: str = TARGET,
     head: Path = HEAD,
     dtype: str = DTYPE,
+    weights: str = WEIGHTS,
     context: int = option(measure_costs, "context", help="Cached tokens before the timed forward."),
     max_n: int = option(measure_costs, "max_n", help="Time target forwards over 1..max_n new tokens."),
     reps: int = option(measure_costs, "reps"),
@@ -355,7 +363,7 @@ def costs(
         raise InputError("--save-k stores k in a saved head; --draft-vocab-size times a fresh one.")
     rates = read_position_rates(acceptance) if acceptance is not None else None
     set_threads(threads)
-    loaded, tgt = open_target(target, dtype)
+    loaded, tgt = open_target(target, dtype, weights)
     if draft_vocab_size is not None:
         mtp, head_dir = MTPHead.for_target(tgt, HeadConfig(draft_vocab_size=draft_vocab_size)), None
     else:
@@ -371,14 +379,14 @@ def costs(
         typer.echo(f"saved recommended_k {rec} in {head_dir}", err=True)
     rc = c.round_costs()
     if as_json:
-        typer.echo(json.dumps({"dtype": c.dtype, "context": c.context, "verify_ms": {n: v * 1e3 for n, v in c.verify_s.items()},
+        typer.echo(json.dumps({"dtype": c.dtype, "weights": loaded.weights, "context": c.context, "verify_ms": {n: v * 1e3 for n, v in c.verify_s.items()},
                                "draft_step_ms": c.draft_step_s * 1e3, "draft_vocab": c.draft_vocab,
                                "tree_verify_ms": c.tree_verify_s * 1e3 if c.tree_verify_s else None,
                                "round_costs": dataclasses.asdict(rc) if rc else None,
                                "predicted_speedup": speedups, "best_k": best,
                                "memory": c.memory.to_dict() if c.memory else None}))
         return
-    typer.echo(f"{loaded.name} {c.dtype}, {c.context} cached tokens, {torch.get_num_threads()} threads")
+    typer.echo(f"{loaded.name} {c.dtype} on {loaded.weights} weights, {c.context} cached tokens, {torch.get_num_threads()} threads")
     for n, v in c.verify_s.items():
         typer.echo(f"  target forward over {n} token(s): {v * 1e3:7.2f} ms  ({c.relative(n):.2f}x of 1)")
     typer.echo(f"  head draft step ({c.draft_vocab} output rows): {c.draft_step_s * 1e3:.2f} ms "
@@ -402,6 +410,7 @@ def bench(
     limit: int = LIMIT,
     max_new_tokens: int = option(BenchConfig, "max_new_tokens", "--max-new-tokens", "-n"),
     dtype: str = DTYPE,
+    weights: str = WEIGHTS,
     target: str = TARGET,
     head: Path = HEAD,
     draft_model: Path = typer.Option(None, "--draft-model", help="Draft model directory for `assisted` "
@@ -437,6 +446,8 @@ def bench(
     import datetime
 
     from .measure.bench import FRESH_HEAD_NOTE, build_methods, environment_info, load_draft_model, run_bench
+    from .measure.memory import line as memory_line
+    from .measure.memory import memory_report
     from .measure.report import summary_line, verify_cost_line, write_report
     from .models import chat_ids, gguf_file, resolve_dtype
     from .pretrained import resolve_head
@@ -449,10 +460,11 @@ def bench(
     now = datetime.datetime.now()
     out = out or Path("bench-out") / f"{now:%Y%m%d-%H%M%S}"
 
-    loaded, tgt = open_target(target, dtype)
+    loaded, tgt = open_target(target, dtype, weights)
     hf_torch_dtype = tgt.dtype if hf_dtype == "same" else resolve_dtype(hf_dtype)
     hf_model = None
-    if hf_torch_dtype != tgt.dtype and any(m in cfg.methods for m in ("hf", "lookup", "assisted")):
+    # HF's own methods run its modules op by op: on dense weights, as transformers loads them
+    if (hf_torch_dtype != tgt.dtype or loaded.weights != "dense") and any(m in cfg.methods for m in ("hf", "lookup", "assisted")):
         hf_model = open_target(target, hf_torch_dtype)[0].model
     choice = resolve_head(tgt, loaded.name, head, warn=_warn) if cfg.needs_head else None
     assistant = load_draft_model(draft_model, hf_torch_dtype) if draft_model and "assisted" in cfg.methods else None
@@ -464,15 +476,19 @@ def bench(
     info = environment_info(cfg, loaded.name, dt_name, prompts, choice.source if choice else "-", assistant, draft_model, now)
     info["hf_dtype"] = str(hf_torch_dtype).removeprefix("torch.")
     info["kernels"] = "fused (one C call per forward, core/fused.py)" if tgt.engine == "fused" else str(tgt.plan)
+    info["weights"] = loaded.weights_reason or loaded.weights
     inputs = [chat_ids(loaded.tokenizer, p.text) for p in plist]
     result = run_bench(cfg, method_list, plist, inputs, info, notes, progress)
+    result.info["memory"] = memory_report(tgt, choice.head if choice else None)
     write_report(result, out)
-    typer.echo(f"mtpspec in {dt_name} ({tgt.engine} forward), HF's methods in {info['hf_dtype']}, {info['threads']} threads")
+    typer.echo(f"mtpspec in {dt_name} ({tgt.engine} forward) on {info['weights']}; HF's methods in {info['hf_dtype']}, "
+               f"{info['threads']} threads")
     for m in result.methods:
         typer.echo(summary_line(result, m))
     cost = verify_cost_line(result)
     if cost:
         typer.echo(cost)
+    typer.echo(memory_line(result.info["memory"]) + " (the process holds HF's dense model too, where HF's methods ran)")
     for n in result.notes:
         typer.echo(f"note: {n}")
     typer.echo(f"report written to {out}/results.md")
@@ -501,6 +517,7 @@ def acceptance(
     top_p: float = option(measure_acceptance, "top_p"),
     max_new_tokens: int = option(measure_acceptance, "max_new_tokens", "--max-new-tokens", "-n"),
     dtype: str = DTYPE,
+    weights: str = WEIGHTS,
     seed: int = option(measure_acceptance, "seed"),
     out: Path = typer.Option(None, "--out", "-o", help="Also write the rows as JSON here."),
     threads: int = THREADS,
@@ -528,7 +545,7 @@ def acceptance(
 
         read_manifest(prompts)  # not a data set: say so before loading the model
     plist = [] if from_data else load_prompts(prompts, limit)
-    loaded, tgt = open_target(target, dtype)
+    loaded, tgt = open_target(target, dtype, weights)
     mtp = resolve_head(tgt, loaded.name, head, warn=_warn).head
     if from_data:
         plist, inputs = data_prompts(prompts, loaded.tokenizer, dataclasses.asdict(tgt.identity()), limit)
@@ -555,6 +572,7 @@ def serve(
     target: str = TARGET,
     head: Path = HEAD,
     dtype: str = DTYPE,
+    weights: str = WEIGHTS,
     num_draft_tokens: int = option(ServeConfig, "num_draft_tokens", "--num-draft-tokens", "-k",
                                    help="Drafts per round [default: the head's tuned k]; 0 = plain decoding."),
     max_queue: int = option(ServeConfig, "max_queue", help="Requests that may wait behind the one being decoded; one more "
@@ -577,7 +595,7 @@ def serve(
     from .serve import load_engine
 
     set_threads(threads)
-    engine = load_engine(target, head, dtype, num_draft_tokens, warn=_warn, drafter=drafter_kind(tree, switch), max_queue=max_queue,
+    engine = load_engine(target, head, dtype, num_draft_tokens, weights=weights, warn=_warn, drafter=drafter_kind(tree, switch), max_queue=max_queue,
                          max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens)
     try:
         uvicorn.run(create_app(engine), host=host, port=port)

@@ -329,15 +329,17 @@ def render_metrics(engine: Engine) -> str:
 
 
 def load_engine(target: str | None = None, head: str | Path | None = None, dtype: str = "auto",
-                num_draft_tokens: int | None = None, warn: Any = None, drafter: str = "chain", **config: Any) -> Engine:
+                num_draft_tokens: int | None = None, warn: Any = None, drafter: str = "chain", weights: str = "auto",
+                **config: Any) -> Engine:
     """The model, its head and tokenizer, loaded as `mtpspec generate` loads them, in an Engine.
     `drafter`: a `build_drafter` kind ("chain", "tree", "switch", ...), built as `mtpspec
-    generate` builds it; `num_draft_tokens` None: that drafter's default k. `config`: further
-    ServeConfig fields."""
+    generate` builds it; `num_draft_tokens` None: that drafter's default k. `weights`: as
+    `load_target`'s (auto: a GGUF target's blocks wherever the fused forward runs them).
+    `config`: further ServeConfig fields."""
     from ..models import load_target
     from ..pretrained import resolve_head
 
-    loaded = load_target(target, dtype)
+    loaded = load_target(target, dtype, weights)
     tgt = Target(loaded.model)
     built, k = build_drafter(resolve_head(tgt, loaded.name, head, warn=warn).head, drafter, k=num_draft_tokens)
     return Engine(tgt, built, loaded.tokenizer, ServeConfig(model_name=loaded.name, num_draft_tokens=k, **config))
