@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from mtpspec.core.qmodules import QuantEmbedding, QuantLinear
-
 from mtpspec import gguf as mg
+from mtpspec.core.qmodules import QuantEmbedding, QuantLinear
 from mtpspec.core.quant import BLOCKS, QTensor
 from mtpspec.errors import InputError
 
@@ -270,6 +269,20 @@ def test_a_copy_of_the_file_hits_the_same_cache_entry_and_a_changed_header_anoth
     data[value] ^= 1  # the model's name changes, nothing else
     (tmp_path / "renamed.gguf").write_bytes(bytes(data))
     assert mg.open_gguf(tmp_path / "renamed.gguf").digest != mg.open_gguf(path).digest
+
+
+def test_a_damaged_cache_entry_is_an_input_error_that_names_it(cache, tmp_path, monkeypatch):
+    from mtpspec.models import load_target
+
+    load_target(None, "bf16", weights="gguf")  # converts, unless an earlier test did
+    shutil.copytree(cache, tmp_path / "cache")
+    monkeypatch.setenv("MTPSPEC_CACHE", str(tmp_path / "cache"))
+    (entry,) = (tmp_path / "cache" / "gguf").iterdir()
+    for damaged in ("tokenizer.json", mg.NAMES):
+        (entry / damaged).write_text("{")
+        with pytest.raises(InputError, match="delete that folder"):
+            load_target(None, "bf16", weights="gguf")
+        shutil.copy(cache / "gguf" / entry.name / damaged, entry / damaged)
 
 
 def test_weights_gguf_keeps_the_blocks_and_no_dense_copy(cache, hf_fp32):

@@ -222,19 +222,23 @@ def converted(gf: GGUFFile) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(src, **kw)
     except (OSError, ValueError, KeyError, NotImplementedError) as e:
         raise InputError(f"transformers cannot convert {gf.path}: {e}") from e
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
+    names = _hf_names(gf, config)
+    tmp = None
     try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
         tmp.chmod(0o755)  # mkdtemp's 0700 would hide the folder from other users of a shared cache
         config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / NAMES).write_text(json.dumps(_hf_names(gf, config), indent=0))
-        os.rename(tmp, folder)  # atomic; a process that got there first leaves the folder in place
-    except OSError:
+        (tmp / NAMES).write_text(json.dumps(names, indent=0))
+        os.rename(tmp, folder)  # atomic; a process that got there first leaves its folder in place
+    except OSError as e:
         if not (folder / NAMES).is_file():
-            raise
+            raise InputError(f"Cannot write {gf.path.name}'s converted config and tokenizer to {folder}: {e}. "
+                             "Point MTPSPEC_CACHE at a writable folder.") from e
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 
@@ -266,7 +270,11 @@ def _names(gf: GGUFFile) -> tuple[Path, dict[str, str]]:
         raise InputError(f"{gf.path}: mtpspec reads the tensors of {', '.join(FAST_ARCHS)} GGUF files itself, "
                          f"not {gf.architecture!r} ones; load it with weights='dense'.")
     folder = converted(gf)
-    return folder, json.loads((folder / NAMES).read_text())
+    try:
+        return folder, json.loads((folder / NAMES).read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"The cached conversion of {gf.path.name} in {folder} cannot be read ({e}); "
+                         "delete that folder and it will be converted again.") from e
 
 
 def _quantized(gf: GGUFFile, names: dict[str, str]) -> dict[str, QTensor]:
@@ -346,7 +354,12 @@ def load(gf: GGUFFile, dtype: torch.dtype, weights: str = "dense") -> tuple[Any,
     from transformers.initialization import no_init_weights
 
     folder, names = _names(gf)
-    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        raise InputError(f"The cached conversion of {gf.path.name} in {folder} cannot be read ({e}); "
+                         "delete that folder and it will be converted again.") from e
     config.name_or_path = str(gf.path.parent)  # what from_pretrained(dir, gguf_file=...) records
     quantized = _quantized(gf, names) if weights == "gguf" else {}
     with no_init_weights():  # parameters are placeholders (never touched), buffers are computed
@@ -367,5 +380,4 @@ def load(gf: GGUFFile, dtype: torch.dtype, weights: str = "dense") -> tuple[Any,
     if missing:
         raise InputError(f"{gf.path} has no tensor for {', '.join(missing[:3])}"
                          f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}.")
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     return model.eval(), tokenizer, quantized
