@@ -403,7 +403,7 @@ class HybridDrafter:
         return _as_draft(nodes)
 
 
-SWITCH_TOKENS = 6  # default longest lookup draft of a switch round (a 7-row verify costs little more than one row)
+SWITCH_TOKENS = 5  # default longest lookup draft of a switch round: a verify of up to 6 rows (fused.c's NRMAX) reads each weight once; a 7th row reads a quantized block twice
 
 
 class SwitchDrafter:

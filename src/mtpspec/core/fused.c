@@ -345,9 +345,39 @@ static inline __attribute__((always_inline)) void dot_block(const elem *const *x
         case 5: CALL(5); break;                           \
         default: CALL(6); break;                          \
     }
+/* A quantized block's 4 rows dequantized into wb (4, I) in the element type: for a pass of more
+ * than NRMAX rows, whose row chunks would each dequantize them again. dot_block over wb runs
+ * qdot_block's chains on the same values, so the outputs do not depend on the path. */
+static inline __attribute__((always_inline)) void dequant_block_t(const uint8_t *const *wr, const int qt, int I, elem *wb) {
+    for (int j = 0; j < 4; j++)
+        for (int g = 0; g < I / 32; g++) {
+#ifdef FUSED_F32
+            __m512 lo, hi;
+            deq32_f32(wr[j], qt, g, &lo, &hi);
+            _mm512_storeu_ps(wb + (size_t)j * I + 32 * g, lo);
+            _mm512_storeu_ps(wb + (size_t)j * I + 32 * g + 16, hi);
+#else
+            _mm512_storeu_si512(wb + (size_t)j * I + 32 * g, deq32_bf16(wr[j], qt, g));
+#endif
+        }
+}
+
+static void dequant_block(const uint8_t *const *wr, const int qt, int I, elem *wb) {
+    switch (qt) { /* each type's loop compiled with its constant */
+        case Q_4_0: dequant_block_t(wr, Q_4_0, I, wb); break;
+        case Q_4_1: dequant_block_t(wr, Q_4_1, I, wb); break;
+        case Q_8_0: dequant_block_t(wr, Q_8_0, I, wb); break;
+        case Q_4_K: dequant_block_t(wr, Q_4_K, I, wb); break;
+        case Q_5_K: dequant_block_t(wr, Q_5_K, I, wb); break;
+        default: dequant_block_t(wr, Q_6_K, I, wb); break;
+    }
+}
+
 static void matmul_dp(const elem *x, int R, int I, const Mat *w, int O, float *y) {
-    int nb[3] = {0, 0, 0}, blocks = 0;
-    for (int p = 0; p < w->nparts; p++) blocks += nb[p] = (w->part[p].rows + 3) / 4;
+    int nb[3] = {0, 0, 0}, blocks = 0, quantized = 0;
+    for (int p = 0; p < w->nparts; p++) blocks += nb[p] = (w->part[p].rows + 3) / 4, quantized |= w->part[p].type != Q_DENSE;
+    /* this thread's block of dequantized rows, for passes of more than NRMAX rows */
+    elem *wb = quantized && R > NRMAX ? malloc(sizeof(elem) * 4 * (size_t)I) : NULL;
 #pragma omp for schedule(static)
     for (int b = 0; b < blocks; b++) {
         int p = 0, ob = b, o_part = 0; /* the block's part, its index there, the part's first output */
@@ -356,10 +386,18 @@ static void matmul_dp(const elem *x, int R, int I, const Mat *w, int O, float *y
         const int o0 = ob * 4, no = P->rows - o0 < 4 ? P->rows - o0 : 4, qt = P->type;
         const uint8_t *wr[4];
         for (int j = 0; j < 4; j++) wr[j] = (const uint8_t *)P->data + (size_t)(o0 + (j < no ? j : 0)) * P->row_bytes;
+        const elem *wd[4];
+        int qt_run = qt; /* the kernel this block runs: quantized, or dense over wb */
+        if (wb && qt != Q_DENSE) {
+            dequant_block(wr, qt, I, wb);
+            for (int j = 0; j < 4; j++) wd[j] = wb + (size_t)j * I;
+            qt_run = Q_DENSE;
+        } else
+            for (int j = 0; j < 4; j++) wd[j] = (const elem *)wr[j];
         for (int r0 = 0; r0 < R; r0 += NRMAX) {
             const elem *xr[NRMAX];
             for (int i = 0; i < NRMAX; i++) xr[i] = x + (size_t)(r0 + (r0 + i < R ? i : 0)) * I;
-#define DENSE(nr) dot_block(xr, (const elem *const *)wr, I, y, O, r0, o_part + o0, no, nr)
+#define DENSE(nr) dot_block(xr, wd, I, y, O, r0, o_part + o0, no, nr)
 #define QUANT(nr, t) qdot_block(xr, wr, P->row_bytes, I, y, O, r0, o_part + o0, no, nr, t)
 #define Q40(nr) QUANT(nr, Q_4_0)
 #define Q41(nr) QUANT(nr, Q_4_1)
@@ -367,7 +405,7 @@ static void matmul_dp(const elem *x, int R, int I, const Mat *w, int O, float *y
 #define Q4K(nr) QUANT(nr, Q_4_K)
 #define Q5K(nr) QUANT(nr, Q_5_K)
 #define Q6K(nr) QUANT(nr, Q_6_K)
-            switch (qt) {
+            switch (qt_run) {
                 case Q_DENSE: NR_SWITCH(DENSE); break;
                 case Q_4_0: NR_SWITCH(Q40); break;
                 case Q_4_1: NR_SWITCH(Q41); break;
@@ -386,6 +424,7 @@ static void matmul_dp(const elem *x, int R, int I, const Mat *w, int O, float *y
 #undef Q6K
         }
     }
+    free(wb);
 }
 
 

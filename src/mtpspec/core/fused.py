@@ -295,8 +295,17 @@ class FusedHead:
         h.wdown = W.table([b.down.weight if M else None for b in blocks])
         # (V1, D): the head's draft-vocabulary rows, else the target's LM head (dense or quantized)
         lm = tgt.weights().lm_head
-        self.vocab = W.mat(lm if head.draft_weight is None else Projection(head.draft_weight))
-        self.V1 = lm.out_features if head.draft_weight is None else int(head.draft_weight.shape[0])
+        if head.draft_weight is None:
+            vocab = lm
+        elif lm.quantized and len(lm.parts) == 1 and head.draft_ids is not None:
+            # the draft vocabulary's rows of the LM head as the file stores them: the values of
+            # `draft_weight` (those rows dequantized) at the blocks' bytes (Q8_0: half of bf16)
+            q = lm.parts[0]
+            rows = quant.QTensor(q.qtype, (int(head.draft_ids.numel()), q.shape[1]), q.data[head.draft_ids.cpu()].contiguous())
+            vocab = Projection(None, parts=(rows,))
+        else:
+            vocab = Projection(head.draft_weight)
+        self.vocab, self.V1 = W.mat(vocab), vocab.out_features
         self.struct = h
 
     def current(self) -> bool:
