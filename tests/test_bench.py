@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from mtpspec import MTPHead, Target
 from mtpspec.cli import app
 from mtpspec.config import TrainConfig
+from mtpspec.core.drafters import SWITCH_TOKENS
 from mtpspec.core.stats import DecodeStats
 from mtpspec.measure.bench import BenchConfig, Method, RunOutput, run_bench
 from mtpspec.prompts import Prompt, load_prompts
@@ -106,7 +107,7 @@ def test_forward_counts_and_acceptance(bench_run):
         assert overall[m]["forwards_per_token"] <= 1.0 and overall[m]["mean_accepted"] >= 1.0
     assert len(overall["mtp"]["position_acceptance"]) == 3 and len(overall["mtp_k2"]["position_acceptance"]) == 2
     assert overall["hf"]["position_acceptance"] is None
-    assert res["method_k"] == {"hf": None, "k0": 0, "mtp": 3, "mtp-tree": 5, "hybrid": 5, "switch": 6, "assisted": None,
+    assert res["method_k"] == {"hf": None, "k0": 0, "mtp": 3, "mtp-tree": 5, "hybrid": 5, "switch": SWITCH_TOKENS, "assisted": None,
                                "lookup": None, "mtp_k1": 1, "mtp_k2": 2}
     by_category = [s for s in res["summaries"] if s["method"] == "mtp" and s["category"] != "all"]
     assert sum(s["new_tokens"] for s in by_category) == overall["mtp"]["new_tokens"]

@@ -242,7 +242,7 @@ def test_sliding_windows_and_nope_layers_run_as_the_torch_path_does(family, each
     if family == "mistral":
         model = _model("mistral", each_dtype, sliding_window=8)
     else:
-        from test_target import quirky_model
+        from conftest import quirky_model
 
         model = quirky_model("smollm3").to(each_dtype)
     fast, slow = mtpspec.Target(model), mtpspec.Target(model, engine="torch")

@@ -24,9 +24,10 @@ from mtpspec.core.quant import BLOCKS, NAMES, QTensor, mat
 SCALES = {2: (0,), 3: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
 
 
-def random_qtensor(qtype: int, O: int, I: int, seed: int = 0, std: float | None = None) -> QTensor:
+def random_qtensor(qtype: int, rows: int, inputs: int, seed: int = 0, std: float | None = None) -> QTensor:
     """(O, I) of random blocks of `qtype`, with finite random fp16 scales; `std`: scales drawn
     so that the dequantized weights have about that standard deviation."""
+    O, I = rows, inputs  # noqa: E741 (the module's letters)
     n, b = BLOCKS[qtype]
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(O, I // n, b), dtype=np.uint8)
@@ -49,7 +50,7 @@ def available(dtype: torch.dtype) -> None:
 def qmatmul(x: torch.Tensor, parts: list, dtype: torch.dtype) -> torch.Tensor:
     so = fused._library(dtype)[0]
     m = mat(parts, dtype)
-    O = sum(int(p.shape[0]) for p in parts)
+    O = sum(int(p.shape[0]) for p in parts)  # noqa: E741
     y = torch.empty(x.shape[0], O)
     so.fused_qmatmul(x.data_ptr(), x.shape[0], x.shape[1], ctypes.addressof(m), O, y.data_ptr(), torch.get_num_threads())
     return y
@@ -79,7 +80,7 @@ def test_identity_rows_read_back_gguf_pys_values(qtype, dtype):
 
 @pytest.mark.parametrize("qtype", sorted(BLOCKS), ids=[NAMES[t] for t in sorted(BLOCKS)])
 def test_quantized_equals_dense_on_the_dequantized_weights_for_any_row_count(qtype, dtype):
-    O, I = 37, 512  # O not a multiple of 4: a partial block of outputs
+    O, I = 37, 512  # noqa: E741 (O not a multiple of 4: a partial block of outputs)
     q = random_qtensor(qtype, O, I, seed=100 + qtype)
     w = q.dequantize().to(dtype).contiguous()
     x = torch.randn(16, I).to(dtype)
@@ -92,7 +93,7 @@ def test_quantized_equals_dense_on_the_dequantized_weights_for_any_row_count(qty
 
 def test_parts_of_mixed_types_stack_along_the_outputs(dtype):
     # q, k, v as a GGUF file may store them: different types, one matrix
-    I = 256
+    I = 256  # noqa: E741
     parts = [random_qtensor(12, 16, I, 1), random_qtensor(14, 8, I, 2), torch.randn(6, I).to(dtype)]
     x = torch.randn(3, I).to(dtype)
     want = torch.cat([dense_matmul(x, p.dequantize().to(dtype).contiguous() if isinstance(p, QTensor) else p, dtype)

@@ -502,7 +502,7 @@ def test_cli_serve_passes_host_and_port_to_uvicorn(tiny, monkeypatch):
 
 def test_a_switch_engine_replies_as_plain_decoding(tiny):
     """`mtpspec serve --switch`: lookup-or-head rounds, the same reply as plain decoding."""
-    from mtpspec.core.drafters import SwitchDrafter
+    from mtpspec.core.drafters import SWITCH_TOKENS, SwitchDrafter
     from mtpspec.serve import load_engine
 
     d, tok = tiny
@@ -518,7 +518,7 @@ def test_a_switch_engine_replies_as_plain_decoding(tiny):
         return out
 
     try:
-        assert isinstance(engine.drafter, SwitchDrafter) and engine.config.num_draft_tokens == 6
+        assert isinstance(engine.drafter, SwitchDrafter) and engine.config.num_draft_tokens == SWITCH_TOKENS
         assert asyncio.run(run()) == plain[ids.shape[1]:]
     finally:
         engine.close()

@@ -6,71 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import COMMON, FAMILIES, OracleDrafter, hf_greedy, tiny_model
-from transformers import (
-    Gemma2Config,
-    Gemma2ForCausalLM,
-    Gemma3ForCausalLM,
-    Gemma3TextConfig,
-    GraniteConfig,
-    GraniteForCausalLM,
-    HeliumConfig,
-    HeliumForCausalLM,
-    Olmo2Config,
-    Olmo2ForCausalLM,
-    SmolLM3Config,
-    SmolLM3ForCausalLM,
-)
+from conftest import FAMILIES, QUIRKY, OracleDrafter, any_model, hf_greedy, quirky_model, tiny_model
 
 import mtpspec
 from mtpspec.core.target import SUPPORTED, rms_norm
-
-WINDOW = 8  # sliding window of the tiny interleaved-window configs; the greedy tests cross it
-# Families whose quirks go beyond conftest's (tested here, not in the heavier test_decode.py);
-# each config turns its quirks on with values that differ from the defaults a plain path assumes.
-QUIRKY = {
-    # norms on sublayer outputs only, q/k norms over all heads before the split
-    "olmo2": (Olmo2Config, Olmo2ForCausalLM, {}),
-    # embedding/residual multipliers, attention_multiplier as the scale, logits divided; biases
-    "granite": (GraniteConfig, GraniteForCausalLM, {
-        "embedding_multiplier": 2.0, "residual_multiplier": 0.7, "attention_multiplier": 0.3,
-        "logits_scaling": 3.0, "attention_bias": True, "mlp_bias": True}),
-    # interleaved RoPE pairs, norms computed in fp32 (w.float() * x)
-    "helium": (HeliumConfig, HeliumForCausalLM, {"head_dim": 8}),
-    # layer 1 has no RoPE and slides
-    "smollm3": (SmolLM3Config, SmolLM3ForCausalLM, {
-        "no_rope_layer_interval": 2, "use_sliding_window": True, "sliding_window": WINDOW}),
-    # scaled embeddings, (1 + w) sandwich norms, both soft-caps, query_pre_attn_scalar, GELU-tanh,
-    # sliding / full layers interleaved
-    "gemma2": (Gemma2Config, Gemma2ForCausalLM, {
-        "head_dim": 8, "query_pre_attn_scalar": 12, "sliding_window": WINDOW, "num_hidden_layers": 4,
-        "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
-        "tie_word_embeddings": False, "initializer_range": 0.2}),  # tied, the scaled embedding repeats one token
-    # as Gemma 2 (no soft-caps) plus per-head q/k norms and a RoPE table per layer type (local base
-    # for sliding layers, linear scaling on the global one)
-    "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM, {
-        "head_dim": 8, "query_pre_attn_scalar": 12, "sliding_window": WINDOW, "num_hidden_layers": 4,
-        "layer_types": ["sliding_attention", "full_attention"] * 2, "tie_word_embeddings": False,
-        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-                            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0}}}),
-}
-
-
-def quirky_model(family: str, seed: int = 0, **overrides):
-    """A tiny random model of a QUIRKY family; every norm weight is perturbed too, so that a
-    norm read as w instead of 1 + w, or applied in the wrong place, changes the output."""
-    cfg_cls, model_cls, extra = QUIRKY[family]
-    torch.manual_seed(seed)
-    model = model_cls(cfg_cls(**{**COMMON, **extra, **overrides})).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.3)
-    return model
-
-
-def any_model(family: str):
-    return quirky_model(family) if family in QUIRKY else tiny_model(family)
 
 
 def test_every_supported_family_is_tested():

@@ -286,7 +286,6 @@ def test_tree_verify_rows_are_bitwise_plain_decoding(dtype, parents, family, ext
     tokens = torch.randint(4, 97, (len(parents),), generator=g)
     cache = t.new_cache(128)
     t.forward(prompt[:, :-1], cache)
-    L = cache.length
     rows = torch.cat([prompt[:, -1:], tokens[None]], 1)
     tree = t.forward(rows, cache, layout=TreeLayout.from_parents(parents)).logits[0]  # positions L + depth
     for node in range(len(parents) + 1):

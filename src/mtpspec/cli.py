@@ -379,7 +379,8 @@ def costs(
         typer.echo(f"saved recommended_k {rec} in {head_dir}", err=True)
     rc = c.round_costs()
     if as_json:
-        typer.echo(json.dumps({"dtype": c.dtype, "weights": loaded.weights, "context": c.context, "verify_ms": {n: v * 1e3 for n, v in c.verify_s.items()},
+        typer.echo(json.dumps({"dtype": c.dtype, "weights": loaded.weights, "context": c.context,
+                               "verify_ms": {n: v * 1e3 for n, v in c.verify_s.items()},
                                "draft_step_ms": c.draft_step_s * 1e3, "draft_vocab": c.draft_vocab,
                                "tree_verify_ms": c.tree_verify_s * 1e3 if c.tree_verify_s else None,
                                "round_costs": dataclasses.asdict(rc) if rc else None,
@@ -595,7 +596,8 @@ def serve(
     from .serve import load_engine
 
     set_threads(threads)
-    engine = load_engine(target, head, dtype, num_draft_tokens, weights=weights, warn=_warn, drafter=drafter_kind(tree, switch), max_queue=max_queue,
+    engine = load_engine(target, head, dtype, num_draft_tokens, weights=weights, warn=_warn, drafter=drafter_kind(tree, switch),
+                         max_queue=max_queue,
                          max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens)
     try:
         uvicorn.run(create_app(engine), host=host, port=port)

@@ -403,7 +403,9 @@ class HybridDrafter:
         return _as_draft(nodes)
 
 
-SWITCH_TOKENS = 5  # default longest lookup draft of a switch round: a verify of up to 6 rows (fused.c's NRMAX) reads each weight once; a 7th row reads a quantized block twice
+# default longest lookup draft of a switch round: a verify of up to 6 rows (fused.c's NRMAX) reads
+# each weight once; a 7th row makes a quantized block be read again
+SWITCH_TOKENS = 5
 
 
 class SwitchDrafter:

@@ -50,7 +50,8 @@ SOURCE = Path(__file__).with_name("fused.c")
 _COMMON = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 # per dtype: (compiler flags, the CPU flags they need)
 BUILDS = {
-    torch.bfloat16: (_COMMON + ("-mavx512bf16", "-mamx-tile", "-mamx-bf16"), {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "f16c"}),
+    torch.bfloat16: (_COMMON + ("-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
+                     {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "f16c"}),
     torch.float32: (_COMMON + ("-DFUSED_F32",), {"avx512f", "avx512bw", "avx512vl", "fma", "f16c"}),
 }
 # Pre-norm families with Llama's RMSNorm, SiLU MLP and rotated halves, nothing else between
@@ -301,7 +302,8 @@ class FusedHead:
             # the draft vocabulary's rows of the LM head as the file stores them: the values of
             # `draft_weight` (those rows dequantized) at the blocks' bytes (Q8_0: half of bf16)
             q = lm.parts[0]
-            rows = quant.QTensor(q.qtype, (int(head.draft_ids.numel()), q.shape[1]), q.data[head.draft_ids.cpu()].contiguous())
+            ids = head.draft_ids.cpu()
+            rows = quant.QTensor(q.qtype, (int(ids.numel()), q.shape[1]), q.data[ids].contiguous())
             vocab = Projection(None, parts=(rows,))
         else:
             vocab = Projection(head.draft_weight)

@@ -36,8 +36,8 @@ from ..errors import HeadMismatchError, InputError
 from . import fused
 from .draft import Draft, DraftInput
 from .kernels import linear
-from .sampling import probs_from_logits, sample
 from .rope import apply_rope, signed_sin
+from .sampling import probs_from_logits, sample
 from .target import Target, TargetIdentity
 
 CONFIG_NAME = "mtp_head.json"

@@ -42,12 +42,12 @@ class QTensor:
     def __post_init__(self) -> None:
         if self.qtype not in BLOCKS:
             raise ValueError(f"GGML type {self.qtype} is not one the quantized kernels read ({sorted(NAMES.values())})")
-        O, I = self.shape
+        rows, inputs = self.shape
         n, b = BLOCKS[self.qtype]
-        if I % n:
-            raise ValueError(f"a {NAMES[self.qtype]} row holds whole blocks of {n}; got {I} inputs")
-        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != (O, I // n * b) or not self.data.is_contiguous():
-            raise ValueError(f"{NAMES[self.qtype]} data must be contiguous uint8 ({O}, {I // n * b}); got "
+        if inputs % n:
+            raise ValueError(f"a {NAMES[self.qtype]} row holds whole blocks of {n}; got {inputs} inputs")
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != (rows, inputs // n * b) or not self.data.is_contiguous():
+            raise ValueError(f"{NAMES[self.qtype]} data must be contiguous uint8 ({rows}, {inputs // n * b}); got "
                              f"{self.data.dtype} {tuple(self.data.shape)}")
 
     @property

@@ -57,9 +57,9 @@ from ..errors import InputError, UnsupportedModelError
 from . import fused
 from .cache import SLOT_ALIGN, KVCache
 from .kernels import KernelPlan, attention, choose_plan, linear
+from .qmodules import QuantEmbedding, QuantLinear
 from .rope import apply_rope, apply_rope_signed, signed_sin
 from .tree import TreeLayout
-from .qmodules import QuantEmbedding, QuantLinear
 from .weights import LayerWeights, Norm, Projection, TargetWeights
 
 # model_type -> human name. All run the one code path in `Target.forward`, their quirks read

@@ -7,7 +7,6 @@ from __future__ import annotations
 import resource
 from typing import Any
 
-
 from torch import nn
 
 
