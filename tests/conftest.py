@@ -237,3 +237,23 @@ def tree_probs_without_renormalisation(tokens, parents, q, p):
         if r.sum() > 0:
             next_dist[row] = r / r.sum()
     return accept, next_dist
+
+
+def assert_tree_rows_equal_their_paths(target) -> None:
+    """Each row of a draft tree, verified in one pass, gets bit for bit the logits plain
+    decoding of its path gets (it attends its ancestors where they lie in the cache; plain
+    decoding sees them in depth order right after the prompt)."""
+    from mtpspec.core.tree import TreeLayout
+
+    ids = torch.randint(4, 97, (1, 20), generator=torch.Generator().manual_seed(4))
+    parents = [-1, 0, 1, -1, 3, 0, 5]  # drafts under the root row: a spine 0-1-2, branches 3-4 and 5-6
+    toks = torch.randint(4, 97, (1, len(parents) + 1), generator=torch.Generator().manual_seed(5))
+    layout = TreeLayout.from_parents(parents)
+    c = target.new_cache(64)
+    target.forward(ids, c)
+    tree = target.forward(toks, c, layout=layout)
+    for r in range(len(parents) + 1):
+        cp = target.new_cache(64)
+        target.forward(ids, cp)
+        out = target.forward(toks[:, layout.mask[r].nonzero()[:, 0]], cp)
+        assert torch.equal(out.logits[0, -1], tree.logits[0, r]), r

@@ -9,12 +9,11 @@ import ctypes
 
 import pytest
 import torch
-from conftest import OracleDrafter, tiny_model
+from conftest import OracleDrafter, assert_tree_rows_equal_their_paths, tiny_model
 
 import mtpspec
 from mtpspec.core import fused
 from mtpspec.core.rope import signed_sin
-from mtpspec.core.tree import TreeLayout
 
 pytestmark = pytest.mark.skipif(fused.reason(torch.float32) is not None,
                                 reason=f"no fused forward here: {fused.reason(torch.float32)}")
@@ -121,20 +120,7 @@ def test_a_verify_pass_equals_one_token_passes_bit_for_bit(family, dtype, contex
 def test_a_tree_row_equals_decoding_its_path_one_token_at_a_time(dtype):
     """Each tree row attends its ancestors where they lie in the cache: no copies, and the same
     bits as plain decoding of its path (which sees them in depth order right after the prompt)."""
-    t = mtpspec.Target(_model("llama", dtype))
-    ids = torch.randint(4, 97, (1, 20), generator=torch.Generator().manual_seed(4))
-    parents = [-1, 0, 1, -1, 3, 0, 5]  # drafts under the root row: a spine 0-1-2, branches 3-4 and 5-6
-    toks = torch.randint(4, 97, (1, len(parents) + 1), generator=torch.Generator().manual_seed(5))
-    layout = TreeLayout.from_parents(parents)
-    c = t.new_cache(64)
-    t.forward(ids, c)
-    tree = t.forward(toks, c, layout=layout)
-    for r in range(len(parents) + 1):
-        path = layout.mask[r].nonzero()[:, 0]
-        cp = t.new_cache(64)
-        t.forward(ids, cp)
-        out = t.forward(toks[:, path], cp)
-        assert torch.equal(out.logits[0, -1], tree.logits[0, r]), r
+    assert_tree_rows_equal_their_paths(mtpspec.Target(_model("llama", dtype)))
 
 
 @pytest.mark.parametrize("family", FUSED_FAMILIES)

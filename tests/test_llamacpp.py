@@ -134,7 +134,8 @@ def test_llama_cpp_runs_both_methods_on_the_embedded_gguf():
     import llama_cpp
 
     vocab = llama_cpp.Llama(model_path=str(gguf), vocab_only=True, verbose=False)
-    prompts = ["The capital of France is", "one two three one two three one two"]
+    # the last prompt is longer than llama.cpp's batch of 512 rows (lookup keeps every row's logits)
+    prompts = ["The capital of France is", "one two three one two three one two", "red green blue " * 220]
     eos = [vocab.token_eos()]
     greedy = llamacpp.llamacpp_method(gguf, eos, max_new_tokens=6, threads=1)
     lookup = llamacpp.lookup_method(gguf, eos, max_new_tokens=6, threads=1, k=2)

@@ -12,14 +12,13 @@ import copy
 
 import pytest
 import torch
-from conftest import OracleDrafter, tiny_model
+from conftest import OracleDrafter, assert_tree_rows_equal_their_paths, tiny_model
 from test_quant import random_qtensor
 
 import mtpspec
 from mtpspec.core import fused
 from mtpspec.core.qmodules import QuantEmbedding, QuantLinear, attach
 from mtpspec.core.quant import NAMES
-from mtpspec.core.tree import TreeLayout
 
 TYPES = [2, 3, 8, 12, 13, 14]
 
@@ -99,19 +98,7 @@ def test_a_verify_pass_of_1_to_16_rows_equals_one_row_passes(pair):
 
 
 def test_a_tree_row_equals_decoding_its_path(pair):
-    t = mtpspec.Target(pair[1])
-    ids = torch.randint(4, 97, (1, 20), generator=torch.Generator().manual_seed(4))
-    parents = [-1, 0, 1, -1, 3, 0, 5]
-    toks = torch.randint(4, 97, (1, len(parents) + 1), generator=torch.Generator().manual_seed(5))
-    layout = TreeLayout.from_parents(parents)
-    c = t.new_cache(64)
-    t.forward(ids, c)
-    tree = t.forward(toks, c, layout=layout)
-    for r in range(len(parents) + 1):
-        cp = t.new_cache(64)
-        t.forward(ids, cp)
-        out = t.forward(toks[:, layout.mask[r].nonzero()[:, 0]], cp)
-        assert torch.equal(out.logits[0, -1], tree.logits[0, r]), r
+    assert_tree_rows_equal_their_paths(mtpspec.Target(pair[1]))
 
 
 def test_speculative_equals_plain_decoding_on_quantized_weights(pair):

@@ -104,8 +104,11 @@ def _open(gguf: Path, threads: int, context: int, draft: Any) -> Any:
             self.forwards += 1
             super().eval(tokens)
 
+    # With a draft model llama-cpp-python keeps every prompt row's logits, in a buffer of
+    # n_batch rows unless logits_all sizes it to the context: a prompt longer than n_batch (512)
+    # then fails with a broadcast error, so the lookup method keeps all of them.
     return _no_extra_buffers(lambda: Counting(model_path=str(gguf), n_ctx=context, n_threads=threads,
-                                              n_threads_batch=threads, verbose=False, logits_all=False,
+                                              n_threads_batch=threads, verbose=False, logits_all=draft is not None,
                                               draft_model=draft))
 
 
