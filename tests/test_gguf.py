@@ -167,6 +167,7 @@ def test_load_target_refuses_unknown_weights_and_blocks_of_a_directory(tmp_path)
 # --- the embedded SmolLM2 file against transformers ------------------------------------------
 
 
+@pytest.mark.slow  # loads the embedded model through transformers (15 s)
 def test_every_quantized_matrix_dequantizes_to_what_transformers_loads(cache, hf_fp32):
     path = _embedded()
     q = mg.read_quantized(path)
@@ -207,12 +208,14 @@ def _same_model(ours, ref):
     assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in b)
 
 
+@pytest.mark.slow  # loads the embedded model through transformers (15 s)
 def test_the_fast_load_equals_transformers_fp32(cache, hf_fp32):
     from mtpspec.models import load_target
 
     _same_model(load_target(None, "fp32").model, hf_fp32[0])
 
 
+@pytest.mark.slow  # loads the embedded model through transformers (15 s)
 def test_the_fast_load_equals_transformers_bf16(cache):
     from mtpspec.models import load_target
 
@@ -220,6 +223,7 @@ def test_the_fast_load_equals_transformers_bf16(cache):
     _same_model(load_target(None, "bf16").model, ref)
 
 
+@pytest.mark.slow  # loads the embedded model through transformers (15 s)
 def test_the_cached_tokenizer_equals_the_converted_one(cache, hf_fp32):
     from mtpspec.models import chat_ids, load_target
 
@@ -285,6 +289,7 @@ def test_a_damaged_cache_entry_is_an_input_error_that_names_it(cache, tmp_path, 
         shutil.copy(cache / "gguf" / entry.name / damaged, entry / damaged)
 
 
+@pytest.mark.slow  # loads the embedded model through transformers (15 s)
 def test_weights_gguf_keeps_the_blocks_and_no_dense_copy(cache, hf_fp32):
     from mtpspec.models import load_target
 

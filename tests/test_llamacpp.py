@@ -123,6 +123,7 @@ def test_bench_config_takes_the_lookup_k_and_needs_the_gguf_only_for_llamacpp():
 
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed "
                     "(pip install 'mtpspec[llamacpp]')")
+@pytest.mark.slow  # llama.cpp on the real file, a 660-token prompt included (10 s)
 def test_llama_cpp_runs_both_methods_on_the_embedded_gguf():
     from mtpspec.errors import MtpspecError
     from mtpspec.models import default_gguf_path
