@@ -236,13 +236,16 @@ static inline __m512 lut4(const uint8_t *b, const int qt) {
     return MUL(d, _mm512_sub_ps(n, _mm512_set1_ps(8.0f)));
 }
 #ifndef FUSED_F32
+/* idx lanes 0-15: the 16 bytes whole (vpermw reads index bits 0-4, so bit 4, the high nibble's
+ * low bit, must not matter: the table holds the 16 values twice); lanes 16-31: the bytes >> 4. */
 static inline __attribute__((always_inline)) kvec deq32_bf16(const uint8_t *row, const int qt, int g) {
     if (qt == Q_4_0 || qt == Q_4_1) {
         const uint8_t *b = row + (size_t)(qt == Q_4_1 ? 20 : 18) * g;
-        const __m128i q = _mm_loadu_si128((const __m128i *)(b + (qt == Q_4_1 ? 4 : 2))), f = _mm_set1_epi8(15);
-        const __m256i nib = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(q, f)), _mm_and_si128(_mm_srli_epi16(q, 4), f), 1);
-        const __m512i lut = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(lut4(b, qt)));
-        return _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(nib), lut);
+        const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + (qt == Q_4_1 ? 4 : 2))));
+        const __m512i idx = _mm512_srlv_epi16(_mm512_cvtepu8_epi16(q), _mm512_set_epi64(
+            0x0004000400040004LL, 0x0004000400040004LL, 0x0004000400040004LL, 0x0004000400040004LL, 0, 0, 0, 0));
+        const __m512 l = lut4(b, qt);
+        return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(l, l));
     }
     __m512 lo, hi;
     deq32(row, qt, g, &lo, &hi);
@@ -253,8 +256,8 @@ static inline __attribute__((always_inline)) void deq32_f32(const uint8_t *row, 
     if (qt == Q_4_0 || qt == Q_4_1) {
         const uint8_t *b = row + (size_t)(qt == Q_4_1 ? 20 : 18) * g;
         const __m512i v = bytes16(b + (qt == Q_4_1 ? 4 : 2));
-        const __m512 lut = lut4(b, qt);
-        *lo = _mm512_permutexvar_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)), lut);
+        const __m512 lut = lut4(b, qt); /* vpermps reads index bits 0-3 only: the low nibble as is */
+        *lo = _mm512_permutexvar_ps(v, lut);
         *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
         return;
     }
