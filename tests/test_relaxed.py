@@ -23,7 +23,7 @@ from conftest import OracleDrafter, hf_greedy, tiny_model
 import mtpspec
 from mtpspec import AcceptanceConfig
 from mtpspec.core.drafters import SwitchDrafter, TreeConfig, TreeDrafter
-from mtpspec.core.relaxed import entropy, entropy_passes, rank, relaxed_passes, topm_passes, typical_passes
+from mtpspec.core.relaxed import among_top, entropy, entropy_passes, rank, relaxed_passes, topm_passes, typical_passes
 from mtpspec.core.verify import accept_greedy, accept_greedy_tree, accept_speculative, accept_speculative_tree
 
 # Each rule at its limiting parameter: nothing passes (exact, greedy or sampling) ...
@@ -253,3 +253,11 @@ def test_the_label_reads_back_as_the_same_rule():
         assert AcceptanceConfig.parse(a.label) == a, text
     assert AcceptanceConfig.parse("typical:0.09").delta == pytest.approx(0.3)  # Medusa's pairing
     assert AcceptanceConfig.parse(None) == AcceptanceConfig() and AcceptanceConfig().exact
+
+
+def test_among_top_is_rank_below_m_ties_included():
+    x, p = _laws()
+    p[::7, 3] = p[::7].max(-1).values  # ties with the most likely token
+    x[::14] = 3
+    for m in (0, 1, 2, 3, 10, 50, 60):
+        assert torch.equal(among_top(x, p, m), rank(x, p) < m), m

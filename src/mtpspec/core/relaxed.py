@@ -37,6 +37,21 @@ def rank(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return ahead.sum(-1)
 
 
+def among_top(x: torch.Tensor, p: torch.Tensor, m: int) -> torch.Tensor:
+    """(R,) bool: rank(x) < m, without ranking the whole vocabulary: x is among the m most likely
+    when p(x) beats the m-th largest probability; only a tie with it needs `rank`."""
+    R, V = p.shape
+    if m <= 0 or m >= V:
+        return torch.full((R,), m > 0, dtype=torch.bool, device=p.device)
+    px = p[torch.arange(R, device=p.device), x]  # (R,)
+    kth = p.topk(m, dim=-1).values[:, -1]  # (R,) the m-th largest
+    out = px > kth
+    tie = px == kth
+    if bool(tie.any()):
+        out |= tie & (rank(x, p) < m)
+    return out
+
+
 def typical_passes(x: torch.Tensor, p: torch.Tensor, eps: float, delta: float) -> torch.Tensor:
     """Typical acceptance: p(x) > min(eps, delta * exp(-H(p))). A flat p (high entropy) lowers
     the bar; eps caps it, so a peaked p still accepts any x above eps. Larger eps or delta is
@@ -54,7 +69,7 @@ def topm_passes(x: torch.Tensor, p: torch.Tensor, m: int, alpha: float) -> torch
     target's law excludes (p(x) = 0, e.g. outside its top-k) never passes."""
     R = x.shape[0]
     px = p[torch.arange(R, device=p.device), x]  # (R,)
-    return (rank(x, p) < m) & (px >= alpha * p.max(-1).values) & (px > 0)
+    return among_top(x, p, m) & (px >= alpha * p.max(-1).values) & (px > 0)
 
 
 def entropy_passes(x: torch.Tensor, p: torch.Tensor, tau: float, m: int) -> torch.Tensor:
@@ -62,7 +77,7 @@ def entropy_passes(x: torch.Tensor, p: torch.Tensor, tau: float, m: int) -> torc
     plausible), a draft among its m most likely tokens. Smaller tau or larger m is looser;
     tau = inf or m = 0 passes nothing, m = 1 only the target's own choice."""
     px = p[torch.arange(x.shape[0], device=p.device), x]  # (R,)
-    return (entropy(p) >= tau) & (rank(x, p) < m) & (px > 0)
+    return (entropy(p) >= tau) & among_top(x, p, m) & (px > 0)
 
 
 def relaxed_passes(x: torch.Tensor, p: torch.Tensor, rule: AcceptanceConfig) -> torch.Tensor:

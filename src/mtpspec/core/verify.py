@@ -202,7 +202,13 @@ def accept(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig,
     relaxed = acceptance is not None and not acceptance.exact
     rows = [i + 1 for i in draft.parent_list()]  # the verify row each draft is judged at
     if sampling.greedy:
-        passes = relaxed_passes(draft.tokens, target_logits[rows].float().softmax(-1), acceptance) if relaxed else None  # type: ignore[arg-type]
+        passes = None
+        if relaxed:  # judge only the drafts the exact rule rejects: the others pass anyway
+            logits = target_logits[rows]  # (N, V)
+            miss = (draft.tokens.to(logits.device) != logits.argmax(-1)).nonzero()[:, 0]  # (n,)
+            passes = torch.zeros(len(rows), dtype=torch.bool, device=logits.device)
+            passes[miss] = relaxed_passes(draft.tokens[miss.to(draft.tokens.device)], logits[miss].float().softmax(-1),
+                                          acceptance)  # type: ignore[arg-type]
         if not draft.is_chain:
             return accept_greedy_tree(draft.tokens, draft.parent_list(), target_logits, passes)
         n, nxt = accept_greedy(draft.tokens, target_logits, passes)
