@@ -130,7 +130,7 @@ def test_a_relaxed_rule_reaches_generate_and_every_output_says_so(model_dir, mon
     assert calls[0]["acceptance"] == AcceptanceConfig(rule="topm", m=3, alpha=0.2)
     assert obj["acceptance"] == obj["stats"]["acceptance"] == "topm:3,0.2" and obj["exact"] is False
     r = runner.invoke(app, [*base, "--acceptance", "typical:0.09", "--compare"])
-    assert r.exit_code == 0 and "relaxed acceptance typical:0.09,0.3" in r.stdout
+    assert r.exit_code == 0 and "relaxed acceptance typical:0.09:" in r.stdout
     r = runner.invoke(app, [*base, "--json"])  # the default: exact, and it says so
     obj = json.loads(r.stdout.strip().splitlines()[-1])
     assert obj["acceptance"] == obj["stats"]["acceptance"] == "exact" and obj["exact"] is True

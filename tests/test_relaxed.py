@@ -252,6 +252,8 @@ def test_the_label_reads_back_as_the_same_rule():
         a = AcceptanceConfig.parse(text)
         assert AcceptanceConfig.parse(a.label) == a, text
     assert AcceptanceConfig.parse("typical:0.09").delta == pytest.approx(0.3)  # Medusa's pairing
+    assert AcceptanceConfig.parse("typical:0.4").label == "typical:0.4"  # sqrt(eps) goes without saying
+    assert AcceptanceConfig.parse("typical:0.4,0.5").label == "typical:0.4,0.5"
     assert AcceptanceConfig.parse(None) == AcceptanceConfig() and AcceptanceConfig().exact
 
 

@@ -157,10 +157,13 @@ class AcceptanceConfig:
 
     @property
     def label(self) -> str:
-        """The rule and its parameters as `parse` reads them back: 'exact', 'typical:0.09,0.3'."""
+        """The rule and its parameters as `parse` reads them back: 'exact', 'typical:0.09', 'topm:3,0.3'."""
         if self.exact:
             return "exact"
-        return f"{self.rule}:" + ",".join(f"{getattr(self, f):g}" for f in ACCEPTANCE_PARAMS[self.rule])
+        names = ACCEPTANCE_PARAMS[self.rule]
+        if self.rule == "typical" and self.delta == math.sqrt(self.eps):  # type: ignore[arg-type]
+            names = ("eps",)  # Medusa's pairing, which parse restores
+        return f"{self.rule}:" + ",".join(f"{getattr(self, f):g}" for f in names)
 
     @classmethod
     def parse(cls, text: str | AcceptanceConfig | None) -> AcceptanceConfig:

@@ -24,7 +24,7 @@ from ..config import AcceptanceConfig
 
 def entropy(p: torch.Tensor) -> torch.Tensor:
     """(R, V) -> (R,) H(p) in nats (0 log 0 = 0)."""
-    return -(p * p.clamp_min(torch.finfo(p.dtype).tiny).log()).sum(-1)
+    return torch.special.entr(p).sum(-1)  # -p log p elementwise, one pass
 
 
 def rank(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -37,14 +37,15 @@ def rank(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return ahead.sum(-1)
 
 
-def among_top(x: torch.Tensor, p: torch.Tensor, m: int) -> torch.Tensor:
+def among_top(x: torch.Tensor, p: torch.Tensor, m: int, top: torch.Tensor | None = None) -> torch.Tensor:
     """(R,) bool: rank(x) < m, without ranking the whole vocabulary: x is among the m most likely
-    when p(x) beats the m-th largest probability; only a tie with it needs `rank`."""
+    when p(x) beats the m-th largest probability; only a tie with it needs `rank`. `top`: p's
+    m largest values per row (R, m), if the caller has them already."""
     R, V = p.shape
     if m <= 0 or m >= V:
         return torch.full((R,), m > 0, dtype=torch.bool, device=p.device)
     px = p[torch.arange(R, device=p.device), x]  # (R,)
-    kth = p.topk(m, dim=-1).values[:, -1]  # (R,) the m-th largest
+    kth = (top if top is not None else p.topk(m, dim=-1).values)[:, m - 1]  # (R,) the m-th largest
     out = px > kth
     tie = px == kth
     if bool(tie.any()):
@@ -69,7 +70,8 @@ def topm_passes(x: torch.Tensor, p: torch.Tensor, m: int, alpha: float) -> torch
     target's law excludes (p(x) = 0, e.g. outside its top-k) never passes."""
     R = x.shape[0]
     px = p[torch.arange(R, device=p.device), x]  # (R,)
-    return among_top(x, p, m) & (px >= alpha * p.max(-1).values) & (px > 0)
+    top = p.topk(min(max(m, 1), p.shape[1]), dim=-1).values  # (R, m): the m-th largest and the largest, one pass
+    return among_top(x, p, m, top) & (px >= alpha * top[:, 0]) & (px > 0)
 
 
 def entropy_passes(x: torch.Tensor, p: torch.Tensor, tau: float, m: int) -> torch.Tensor:

@@ -204,10 +204,10 @@ def accept(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig,
     if sampling.greedy:
         passes = None
         if relaxed:  # judge only the drafts the exact rule rejects: the others pass anyway
-            logits = target_logits[rows]  # (N, V)
-            miss = (draft.tokens.to(logits.device) != logits.argmax(-1)).nonzero()[:, 0]  # (n,)
-            passes = torch.zeros(len(rows), dtype=torch.bool, device=logits.device)
-            passes[miss] = relaxed_passes(draft.tokens[miss.to(draft.tokens.device)], logits[miss].float().softmax(-1),
+            row = torch.tensor(rows, dtype=torch.long, device=target_logits.device)  # (N,)
+            miss = (draft.tokens.to(row.device) != target_logits.argmax(-1)[row]).nonzero()[:, 0]  # (n,)
+            passes = torch.zeros(len(rows), dtype=torch.bool, device=row.device)
+            passes[miss] = relaxed_passes(draft.tokens.to(row.device)[miss], target_logits[row[miss]].float().softmax(-1),
                                           acceptance)  # type: ignore[arg-type]
         if not draft.is_chain:
             return accept_greedy_tree(draft.tokens, draft.parent_list(), target_logits, passes)
