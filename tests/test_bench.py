@@ -222,3 +222,33 @@ def test_llamacpp_is_skipped_with_a_note_when_missing_or_not_gguf(tmp_path, monk
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "llama_cpp" else real(name, *a))
     methods, notes = build_methods(cfg, model, gguf=None)
     assert [m.name for m in methods] == ["k0"] and "not a GGUF file" in notes[0]
+
+
+def test_relaxed_methods_run_side_by_side_and_their_quality_is_scored(tmp_path):
+    """`--methods k0,mtp,mtp-relaxed` with two rules: one method per rule, each named and labelled
+    by its rule; the rule at its limit is k0's output (nothing changed, edit distance 0, the same
+    log-probability); every output is scored, and the reference metric only where a reference is."""
+    model, _ = save_tiny_model_dir(tmp_path / "model")
+    MTPHead.for_target(model).save_pretrained(tmp_path / "head")
+    prompts = [{**p, "category": "summarization", "reference": ["w12 w13 w14"]} if p["question_id"] == 1 else p
+               for p in PROMPTS]
+    out = tmp_path / "report"
+    r = runner.invoke(app, ["bench", "--target", str(tmp_path / "model"), "--head", str(tmp_path / "head"),
+                            "--prompts", str(write_prompts(tmp_path / "p.jsonl", prompts)), "--methods", "k0,mtp,mtp-relaxed",
+                            "--acceptance", "topm:3,0; typical:1,inf", "--max-new-tokens", "10", "-k", "3", "--dtype", "fp32",
+                            "--threads", "1", "--no-progress", "--warmup", "0", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    loose, limit = "mtp-relaxed:topm:3,0", "mtp-relaxed:typical:1,inf"
+    assert res["methods"] == ["k0", "mtp", loose, limit]
+    assert res["method_acceptance"] == {"k0": "exact", "mtp": "exact", loose: "topm:3,0", limit: "typical:1,inf"}
+    overall = {s["method"]: s for s in res["summaries"] if s["category"] == "all"}
+    assert overall[limit]["identical_k0"] == 4 and overall[limit]["changed_k0"] == 0 and overall[limit]["edit_k0"] == 0
+    assert overall[limit]["quality"]["logprob"] == pytest.approx(overall["k0"]["quality"]["logprob"])
+    assert overall[loose]["acceptance"] == "topm:3,0" and overall[loose]["mean_accepted"] > overall["mtp"]["mean_accepted"]
+    for s in res["summaries"]:
+        assert s["quality"]["n_logprob"] == s["prompts"] and s["quality"]["logprob"] < 0
+        assert ("rougeL" in s["quality"]) == (s["category"] in ("all", "summarization")), s
+    assert all(rec["acceptance"] == res["method_acceptance"][rec["method"]] for rec in res["records"])
+    assert "## Quality" in (out / "results.md").read_text()
+    assert "quality: rule" in r.stdout and "topm:3,0" in r.stdout and "ROUGE-L" in r.stdout

@@ -115,6 +115,27 @@ def test_sampling_flags_reach_generate(model_dir, monkeypatch):
         {"temperature": 2.0, "top_k": 5, "top_p": 0.6, "seed": 1, "num_draft_tokens": 2, "max_new_tokens": 10}
 
 
+def test_a_relaxed_rule_reaches_generate_and_every_output_says_so(model_dir, monkeypatch):
+    import mtpspec
+    from mtpspec import AcceptanceConfig
+
+    d, _, _ = model_dir
+    calls = []
+    real = mtpspec.generate
+    monkeypatch.setattr(mtpspec, "generate", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    base = ["generate", "--target", str(d), "--prompt", "w7", "-n", "10", "-k", "2", "--fresh-head"]
+    r = runner.invoke(app, [*base, "--json", "--acceptance", "topm:3,0.2"])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout.strip().splitlines()[-1])
+    assert calls[0]["acceptance"] == AcceptanceConfig(rule="topm", m=3, alpha=0.2)
+    assert obj["acceptance"] == obj["stats"]["acceptance"] == "topm:3,0.2" and obj["exact"] is False
+    r = runner.invoke(app, [*base, "--acceptance", "typical:0.09", "--compare"])
+    assert r.exit_code == 0 and "relaxed acceptance typical:0.09:" in r.stdout
+    r = runner.invoke(app, [*base, "--json"])  # the default: exact, and it says so
+    obj = json.loads(r.stdout.strip().splitlines()[-1])
+    assert obj["acceptance"] == obj["stats"]["acceptance"] == "exact" and obj["exact"] is True
+
+
 def test_a_seed_makes_sampling_reproducible_and_sampling_is_not_greedy(model_dir):
     d, _, _ = model_dir
     base = ["generate", "--target", str(d), "--prompt", "w7", "-n", "10", "-k", "0", "--fresh-head", "--json"]
@@ -325,6 +346,8 @@ BAD = [
     ("generate --prompt w7 --head {tmp}/no_head", "not a saved mtpspec head"),
     ("generate --prompt w7 --head {tmp}/bad_head", "bad_head is not a readable mtpspec head"),
     ("generate --prompt w7 --head {tmp}/bad_weights", "bad_weights is not a readable mtpspec head"),
+    ("generate --prompt w7 --acceptance lenient", "acceptance rule must be one of exact, typical, topm, entropy"),
+    ("generate --prompt w7 --acceptance typical:2", "typical acceptance needs 0 < eps <= 1"),
     # data
     ("data --out {tmp}/o1 --prompts-file {tmp}/missing.txt", "missing.txt does not exist"),
     ("data --out {tmp}/o2 --prompts-file {tmp}/bad.jsonl", "bad.jsonl:2 is not valid JSON"),
@@ -354,6 +377,8 @@ BAD = [
     ("bench --methods hf,medusa", "Unknown method(s) medusa"),
     ("bench --sweep 1,x", "--sweep must be comma-separated ints"),
     ("bench -k 0", "--num-draft-tokens must be >= 1"),
+    ("bench --methods k0,mtp-relaxed --acceptance topm:1.5", "whole m >= 0"),
+    ("bench --methods k0,mtp-relaxed --acceptance exact", "mtp-relaxed needs a relaxed rule"),
     # acceptance
     ("acceptance --prompts {tmp}/missing.jsonl", "not found"),
     ("acceptance --prompts {tmp}/data", "written by another target"),

@@ -274,6 +274,9 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": [500]}, 400, "vocabulary"),
     ("/v1/completions", {"prompt": ""}, 400, "empty"),
     ("/v1/completions", {"prompt": "w7", "stream": "yes"}, 400, "stream"),
+    ("/v1/chat/completions", {"messages": MSG, "acceptance": "lenient"}, 400, "acceptance rule must be one of"),
+    ("/v1/chat/completions", {"messages": MSG, "acceptance": "topm:3,2"}, 400, "0 <= alpha <= 1"),
+    ("/v1/chat/completions", {"messages": MSG, "acceptance": 0.3}, 400, "acceptance"),
 ]
 
 
@@ -461,6 +464,27 @@ def test_playground_streams_and_colours_a_reply_in_headless_chromium(server, ref
     finally:
         browser.close()
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+
+def test_a_relaxed_rule_is_per_request_and_every_reply_says_which(server, ref):
+    """A request's `acceptance` decodes that request only, as `mtpspec.generate` does under the same
+    rule; its reply and each streamed chunk name the rule, /metrics counts it, and the next request
+    without one is exact again."""
+    url, _ = server
+    rule = "topm:3,0.1"
+    new, _ = expected(ref, chat_ids(ref[2], PROMPT), 16, acceptance=rule)
+    before = metrics(url)
+    r = httpx.post(url + "/v1/chat/completions", json=chat_body(max_tokens=16, acceptance=rule), timeout=30).json()
+    assert r["mtpspec"]["token_ids"] == new
+    assert r["mtpspec"]["acceptance"] == rule and r["mtpspec"]["exact"] is False
+    with httpx.stream("POST", url + "/v1/chat/completions", json=chat_body(max_tokens=16, acceptance=rule, stream=True),
+                      timeout=30) as s:
+        events = [e for e in sse_events(s.iter_lines()) if e != "DONE" and "mtpspec" in e]
+    assert events and all(e["mtpspec"]["acceptance"] == rule for e in events)
+    assert metrics(url)["mtpspec_relaxed_requests_total"] - before["mtpspec_relaxed_requests_total"] == 2
+    exact = httpx.post(url + "/v1/chat/completions", json=chat_body(max_tokens=16), timeout=30).json()
+    assert exact["mtpspec"]["acceptance"] == "exact" and exact["mtpspec"]["exact"] is True
+    assert exact["mtpspec"]["token_ids"] == expected(ref, chat_ids(ref[2], PROMPT), 16)[0]
 
 
 # -- health, metrics, CLI ------------------------------------------------------------------------------

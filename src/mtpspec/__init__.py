@@ -1,7 +1,7 @@
 """mtpspec: exact speculative decoding for frozen Hugging Face causal LMs with a zero-copy
 multi-token-prediction head that cross-attends to the target's own KV cache."""
 
-from .config import HeadConfig, SamplingConfig
+from .config import AcceptanceConfig, HeadConfig, SamplingConfig
 from .core.cache import KVCache
 from .core.decode import DecodeState, GenerateOutput, Round, generate, prefill, step
 from .core.draft import Draft, Drafter, DraftInput
@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SUPPORTED",
+    "AcceptanceConfig",
     "DataError",
     "DecodeState",
     "DecodeStats",

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import typer
 
-from .config import HeadConfig, SamplingConfig, TrainConfig
+from .config import AcceptanceConfig, HeadConfig, SamplingConfig, TrainConfig
 from .core.decode import generate as library_generate
 from .core.drafters import SWITCH_TOKENS, TREE_NODES
 from .detokenize import TextStream
@@ -66,6 +66,11 @@ PROMPTS = typer.Option(None, "--prompts", help="Spec-Bench style .jsonl [default
 LIMIT = typer.Option(None, "--limit", help="Run an evenly spread subset of N prompts.")
 K_SWEEP = "1,2,3,4,5,6"  # the chains `mtpspec acceptance` measures unless -k names others
 TREE = typer.Option(False, "--tree", help=f"Draft a tree of -k nodes [default {TREE_NODES}] from the head.")
+ACCEPTANCE = typer.Option("exact", "--acceptance", help="Which drafts a round accepts: exact (the target's own output), "
+                          "or a relaxed rule that also accepts drafts the target finds plausible and so changes the "
+                          "output: typical:EPS[,DELTA] (p(x) > min(EPS, DELTA exp(-H)); DELTA defaults to sqrt(EPS)), "
+                          "topm:M[,ALPHA] (x among the target's M likeliest and p(x) >= ALPHA p_max), "
+                          "entropy:TAU[,M] (where H(p) >= TAU nats, x among the M likeliest). docs/relaxed-acceptance.md.")
 SWITCH = typer.Option(False, "--switch", help=f"Each round, draft the prompt-lookup continuation (up to -k tokens "
                       f"[default {SWITCH_TOKENS}]) when the text repeats, else the head's chain.")
 
@@ -169,6 +174,7 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
     tree: bool = TREE,
     switch: bool = SWITCH,
+    acceptance: str = ACCEPTANCE,
 ) -> None:
     """Generate text from a prompt with speculative decoding, streaming tokens as accepted."""
     from . import generate as decode
@@ -179,21 +185,23 @@ def generate(
     from .pretrained import resolve_head
 
     kind = drafter_kind(tree, switch)
+    rule = AcceptanceConfig.parse(acceptance)  # a bad rule fails before any model loads
     loaded, tgt = open_target(target, dtype, weights)
     drafter, k = build_drafter(resolve_head(tgt, loaded.name, head, fresh_head, _warn).head, kind, k=num_draft_tokens)
     ids = chat_ids(loaded.tokenizer, prompt)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     stream = None if as_json else _printer(loaded.tokenizer)
-    cmp = compare_plain(tgt, drafter, ids, k, max_new_tokens, on_tokens=stream, **sampling) if compare else None
+    cmp = compare_plain(tgt, drafter, ids, k, max_new_tokens, on_tokens=stream, acceptance=rule, **sampling) if compare else None
     out = cmp.spec if cmp else decode(tgt, drafter, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k,
-                                      on_tokens=stream, **sampling)
+                                      on_tokens=stream, acceptance=rule, **sampling)
     if stream:
         stream([], final=True)
     s = out.stats
     if as_json:
         new_ids = out.sequences[0, ids.shape[1]:].tolist()
         obj: dict[str, Any] = {"text": loaded.tokenizer.decode(new_ids, skip_special_tokens=True), "token_ids": new_ids,
-                               "num_draft_tokens": k, "stats": s.to_dict(), "dtype": str(tgt.dtype).removeprefix("torch."),
+                               "num_draft_tokens": k, "acceptance": rule.label, "exact": rule.exact, "stats": s.to_dict(),
+                               "dtype": str(tgt.dtype).removeprefix("torch."),
                                "weights": loaded.weights, "weights_reason": loaded.weights_reason,
                                "memory": memory_report(tgt, drafter)}
         if cmp:
@@ -203,6 +211,8 @@ def generate(
     tok_s = cmp.spec_tokens_per_s if cmp else (s.tokens_per_s or 0.0)
     typer.echo(f"\n[{s.new_tokens} tokens, {tok_s:.1f} tok/s, k={k}, {s.mean_accepted:.2f} tokens per target forward, "
                f"{s.target_forwards} target forwards; {str(tgt.dtype).removeprefix('torch.')} on {loaded.weights} weights]")
+    if not rule.exact:
+        typer.echo(f"[relaxed acceptance {rule.label}: this output is not necessarily the target's own]")
     if cmp:
         typer.echo(f"[plain decoding: {cmp.plain_tokens_per_s:.1f} tok/s; with the head: {cmp.speedup:.2f}x; "
                    f"outputs {'identical' if cmp.identical else 'DIFFERENT'}]")
@@ -439,23 +449,32 @@ def bench(
     lookup_tokens: int = option(BenchConfig, "lookup_tokens", help="prompt_lookup_num_tokens for `lookup`."),
     llamacpp_lookup_k: int = option(BenchConfig, "llamacpp_lookup_k", help="Drafts per round (num_pred_tokens) of "
                                     "`llamacpp-lookup`."),
+    acceptance: str = typer.Option(";".join(default(BenchConfig, "acceptance")), "--acceptance",
+                                   help="The relaxed rules of `mtp-relaxed`, separated by ';' (one method each; "
+                                   "e.g. 'typical:0.09;topm:3,0.3;entropy:2'), as `generate --acceptance` reads them."),
+    quality: bool = option(BenchConfig, "quality", "--quality/--no-quality", help="Score every output: the target's "
+                           "mean log-probability of it, its token edit distance to k0's, and where the prompts have "
+                           "references (Spec-Bench), ROUGE-L / chrF / final answer / answer contained."),
     out: Path = typer.Option(None, "--out", "-o", help="Report directory [default: bench-out/<date>-<time>]."),
     threads: int = THREADS,
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on stderr."),
 ) -> None:
-    """Benchmark hf, k0, mtp, assisted and lookup decoding on the same prompts; write a report."""
+    """Benchmark hf, k0, mtp, assisted and lookup decoding (and relaxed acceptance, mtp-relaxed) on the same
+    prompts; write a report."""
     import datetime
 
     from .measure.bench import FRESH_HEAD_NOTE, build_methods, environment_info, load_draft_model, run_bench
     from .measure.memory import line as memory_line
     from .measure.memory import memory_report
-    from .measure.report import summary_line, verify_cost_line, write_report
+    from .measure.quality import QualityScorer, missing_libraries
+    from .measure.report import quality_lines, summary_line, verify_cost_line, write_report
     from .models import chat_ids, gguf_file, resolve_dtype
     from .pretrained import resolve_head
     from .prompts import load_prompts
 
     cfg = config_from(BenchConfig, locals(), methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
-                      sweep=tuple(parse_list(sweep, int, "--sweep")) if sweep else ())
+                      sweep=tuple(parse_list(sweep, int, "--sweep")) if sweep else (),
+                      acceptance=tuple(a.strip() for a in acceptance.split(";") if a.strip()))
     set_threads(threads)
     plist = load_prompts(prompts, limit)  # fail on a bad prompts file before loading any model
     now = datetime.datetime.now()
@@ -479,7 +498,14 @@ def bench(
     info["kernels"] = "fused (one C call per forward, core/fused.py)" if tgt.engine == "fused" else str(tgt.plan)
     info["weights"] = loaded.weights_reason or loaded.weights
     inputs = [chat_ids(loaded.tokenizer, p.text) for p in plist]
-    result = run_bench(cfg, method_list, plist, inputs, info, notes, progress)
+    scorer = None
+    if cfg.quality:
+        missing = missing_libraries()
+        if missing and any(p.reference is not None for p in plist):
+            notes.append(f"quality: reference metrics skipped, {' and '.join(missing)} not installed "
+                         "(pip install 'mtpspec[quality]').")
+        scorer = QualityScorer(tgt, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=True), references=not missing)
+    result = run_bench(cfg, method_list, plist, inputs, info, notes, progress, scorer)
     result.info["memory"] = memory_report(tgt, choice.head if choice else None)
     write_report(result, out)
     typer.echo(f"mtpspec in {dt_name} ({tgt.engine} forward) on {info['weights']}; HF's methods in {info['hf_dtype']}, "
@@ -489,6 +515,8 @@ def bench(
     cost = verify_cost_line(result)
     if cost:
         typer.echo(cost)
+    for line in quality_lines(result):
+        typer.echo(line)
     typer.echo(memory_line(result.info["memory"]) + " (the process holds HF's dense model too, where HF's methods ran)")
     for n in result.notes:
         typer.echo(f"note: {n}")

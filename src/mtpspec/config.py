@@ -92,6 +92,108 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
+# The acceptance rules: `exact` (the default, and the product's promise) and three relaxed ones
+# (`core/relaxed.py`), each with its parameters in this order on the command line.
+ACCEPTANCE_PARAMS = {"exact": (), "typical": ("eps", "delta"), "topm": ("m", "alpha"), "entropy": ("tau", "m")}
+
+
+@dataclass(frozen=True)
+class AcceptanceConfig:
+    """Which drafts a round accepts. `exact` keeps the target's own output (greedy: token for
+    token; sampling: in distribution). A relaxed rule also accepts a draft the target finds
+    plausible enough, so its output is *not* the target's; it never is the default.
+    A relaxed rule accepts whatever the exact rule accepts, and more: see `core/relaxed.py`."""
+
+    # exact, typical, topm or entropy.
+    rule: str = "exact"
+    # typical (Medusa, Cai et al. 2024): accept x when p(x) > min(eps, delta * exp(-H(p))).
+    # None: 0.09, Medusa's posterior_threshold. Larger is stricter.
+    eps: float | None = None
+    # typical: the entropy term's factor. None: sqrt(eps), Medusa's pairing (0.3 for 0.09).
+    # eps = 1 with delta = inf (a bar of 1) accepts nothing more than `exact`.
+    delta: float | None = None
+    # topm and entropy: x must be among the target's m most likely tokens. None: 3 (topm), 2
+    # (entropy). m = 0 accepts nothing more than `exact`; m = 1 only the target's own choice,
+    # which greedy `exact` accepts anyway (sampling does not always).
+    m: int | None = None
+    # topm: and p(x) >= alpha * p_max. None: 0.3. Smaller is looser.
+    alpha: float | None = None
+    # entropy: relax only where the target is unsure, H(p) >= tau nats. None: 2.0. tau = inf
+    # accepts nothing more than `exact`.
+    tau: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.rule not in ACCEPTANCE_PARAMS:
+            raise InputError(f"acceptance rule must be one of {', '.join(ACCEPTANCE_PARAMS)}, got {self.rule!r}.")
+        names = ACCEPTANCE_PARAMS[self.rule]
+        given = [f for f in ("eps", "delta", "m", "alpha", "tau") if getattr(self, f) is not None]
+        stray = [f for f in given if f not in names]
+        if stray:
+            takes = f"takes {' and '.join(names)}" if names else "takes no parameter"
+            raise InputError(f"acceptance rule {self.rule!r} {takes}, not {', '.join(stray)}.")
+        defaults = {"eps": 0.09, "alpha": 0.3, "tau": 2.0, "m": 3 if self.rule == "topm" else 2}
+        for f in names:
+            if getattr(self, f) is None and f in defaults:
+                object.__setattr__(self, f, defaults[f])
+        if self.rule == "typical":
+            if not 0.0 < self.eps <= 1.0:  # type: ignore[operator]
+                raise InputError(f"typical acceptance needs 0 < eps <= 1, got {self.eps}.")
+            if self.delta is None:
+                object.__setattr__(self, "delta", math.sqrt(self.eps))  # type: ignore[arg-type]
+            if not self.delta >= 0.0:  # type: ignore[operator]
+                raise InputError(f"typical acceptance needs delta >= 0, got {self.delta}.")
+        if self.m is not None and (isinstance(self.m, bool) or not float(self.m).is_integer() or self.m < 0):
+            raise InputError(f"acceptance rule {self.rule!r} needs a whole m >= 0 (0: never relax), got {self.m}.")
+        if self.m is not None:
+            object.__setattr__(self, "m", int(self.m))
+        if self.alpha is not None and not 0.0 <= self.alpha <= 1.0:
+            raise InputError(f"topm acceptance needs 0 <= alpha <= 1, got {self.alpha}.")
+        if self.tau is not None and not self.tau >= 0.0:
+            raise InputError(f"entropy acceptance needs tau >= 0 nats (inf: never relax), got {self.tau}.")
+
+    @property
+    def exact(self) -> bool:
+        return self.rule == "exact"
+
+    @property
+    def label(self) -> str:
+        """The rule and its parameters as `parse` reads them back: 'exact', 'typical:0.09', 'topm:3,0.3'."""
+        if self.exact:
+            return "exact"
+        names = ACCEPTANCE_PARAMS[self.rule]
+        if self.rule == "typical" and self.delta == math.sqrt(self.eps):  # type: ignore[arg-type]
+            names = ("eps",)  # Medusa's pairing, which parse restores
+        return f"{self.rule}:" + ",".join(f"{getattr(self, f):g}" for f in names)
+
+    @classmethod
+    def parse(cls, text: str | AcceptanceConfig | None) -> AcceptanceConfig:
+        """'typical:0.09', 'typical:0.09,0.3', 'topm:3,0.3', 'topm:alpha=0.5', 'entropy:2', 'exact'
+        (None: exact) -> the config. Positional values follow ACCEPTANCE_PARAMS' order."""
+        if text is None:
+            return cls()
+        if isinstance(text, AcceptanceConfig):
+            return text
+        rule, _, rest = str(text).strip().partition(":")
+        names = ACCEPTANCE_PARAMS.get(rule.strip())
+        if names is None:
+            raise InputError(f"acceptance rule must be one of {', '.join(ACCEPTANCE_PARAMS)}, got {text!r} "
+                             "(e.g. typical:0.09, topm:3,0.3, entropy:2).")
+        values: dict[str, float] = {}
+        items = [x.strip() for x in rest.split(",") if x.strip()]
+        if len(items) > len(names):
+            raise InputError(f"acceptance {text!r}: {rule} takes at most {len(names)} value(s) ({', '.join(names) or 'none'}).")
+        for i, item in enumerate(items):
+            name, eq, value = item.partition("=")
+            name, value = (name.strip(), value) if eq else (names[i], item)
+            if name not in names:
+                raise InputError(f"acceptance {text!r}: {rule} has no parameter {name!r} (it takes {', '.join(names)}).")
+            try:
+                values[name] = float(value)
+            except ValueError:
+                raise InputError(f"acceptance {text!r}: {name} must be a number, got {value!r}.") from None
+        return cls(rule=rule.strip(), **values)  # type: ignore[arg-type]
+
+
 # What `mtpspec train --kind` can train.
 TRAIN_KINDS = ("mtp", "draft-model")
 

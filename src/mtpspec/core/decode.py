@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..config import SamplingConfig
+from ..config import AcceptanceConfig, SamplingConfig
 from ..errors import InputError
 from .cache import KVCache
 from .draft import Draft, Drafter, DraftInput
@@ -48,6 +48,8 @@ class DecodeState:
     hidden_layers: tuple[int, ...]
     stats: DecodeStats
     done: bool = False
+    # Which drafts a round accepts: exact (the target's own output) unless a relaxed rule is asked for.
+    acceptance: AcceptanceConfig = AcceptanceConfig()
 
     @property
     def new_tokens(self) -> list[int]:
@@ -130,10 +132,13 @@ def prefill(
     sampling: SamplingConfig | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     num_draft_tokens: int = 0,
+    acceptance: AcceptanceConfig | str | None = None,
 ) -> tuple[DecodeState, Round]:
     """Run the prompt once and pick the first new token. Returns the state and that token (a
-    `Round` of one, the target's own)."""
+    `Round` of one, the target's own). `acceptance`: the rule each `step` accepts drafts by
+    (None: exact; a relaxed rule as `AcceptanceConfig` or its text, e.g. 'typical:0.09')."""
     sampling = sampling or SamplingConfig()
+    acceptance = AcceptanceConfig.parse(acceptance)
     input_ids = _check_input(input_ids, target)
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
@@ -147,7 +152,8 @@ def prefill(
     gen = make_generator(sampling, target.device)
     state = DecodeState(cache=cache, tokens=input_ids, hidden=out.hidden[:, -1], prompt_length=T,
                         max_new_tokens=max_new_tokens, eos=resolve_eos(target, eos_token_id), sampling=sampling,
-                        generator=gen, hidden_layers=hidden_layers, stats=DecodeStats.empty(num_draft_tokens))
+                        generator=gen, hidden_layers=hidden_layers, stats=DecodeStats.empty(num_draft_tokens, acceptance.label),
+                        acceptance=acceptance)
     first = _emit(state, [_pick(out.logits[0, -1], sampling, gen)])
     state.stats.prefill_s = time.perf_counter() - t0
     state.stats.target_forwards = 1
@@ -186,7 +192,7 @@ def step(target: Target, drafter: Drafter | None, state: DecodeState, num_draft_
     out = target.forward(rows, state.cache, state.hidden_layers, layout=layout)
 
     # 3. Accept the longest agreeing path plus the target's own next token.
-    path, nxt = accept(draft, out.logits[0], state.sampling, state.generator)  # rows, root first
+    path, nxt = accept(draft, out.logits[0], state.sampling, state.generator, state.acceptance)  # rows, root first
 
     # 4. Roll the cache back to the accepted path; 5. continue from the features of its last
     # row, which this verify pass already computed.
@@ -218,6 +224,7 @@ def generate(
     seed: int | None = None,
     on_tokens: Callable[[Round], None] | None = None,
     tree: bool = False,
+    acceptance: AcceptanceConfig | str | None = None,
 ) -> GenerateOutput:
     """Decode with the target, drafting `num_draft_tokens` per round with `drafter`.
 
@@ -228,14 +235,18 @@ def generate(
     drafts. top_k / top_p None mean off, as in HF.
     `num_draft_tokens` None: the drafter's own k (a head's measured best). `tree=True` drafts a
     tree of `num_draft_tokens` nodes from an MTP head (greedy or sampled), the same tree as
-    `mtpspec generate --tree` (`drafters.build_drafter`)."""
+    `mtpspec generate --tree` (`drafters.build_drafter`).
+    `acceptance` None (or 'exact') keeps all of the above. A relaxed rule (`AcceptanceConfig`, or
+    its text such as 'typical:0.09', 'topm:3,0.3', 'entropy:2') also accepts drafts the target
+    finds plausible, for more tokens per forward: the output is then *not* the target's, and
+    `stats.acceptance` says which rule made it (docs/relaxed-acceptance.md)."""
     t = target if isinstance(target, Target) else Target(target)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     drafter, k = build_drafter(drafter, "tree" if tree else "chain", k=num_draft_tokens)
     _check_draft_count(k)
     k = k if drafter is not None else 0
     layers = drafter.hidden_layers if drafter is not None else (-1,)
-    state, new = prefill(t, input_ids, max_new_tokens, layers, sampling, eos_token_id, k)
+    state, new = prefill(t, input_ids, max_new_tokens, layers, sampling, eos_token_id, k, acceptance)
     while True:
         if on_tokens and new:
             on_tokens(new)

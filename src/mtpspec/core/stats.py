@@ -30,12 +30,16 @@ class DecodeStats:
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    # The acceptance rule the run decoded under (`AcceptanceConfig.label`): "exact", or a relaxed
+    # rule with its parameters, whose output is not the target's own; "mixed" for merged runs of several.
+    acceptance: str = "exact"
 
     @classmethod
-    def empty(cls, num_draft_tokens: int) -> DecodeStats:
+    def empty(cls, num_draft_tokens: int, acceptance: str = "exact") -> DecodeStats:
         """Counters sized for k drafts per round, so every position shows up even at zero."""
         k = num_draft_tokens
-        return cls(num_draft_tokens=k, accept_hist=[0] * (k + 1), pos_checked=[0] * k, pos_passed=[0] * k)
+        return cls(num_draft_tokens=k, accept_hist=[0] * (k + 1), pos_checked=[0] * k, pos_passed=[0] * k,
+                   acceptance=acceptance)
 
     @property
     def mean_accepted(self) -> float:
@@ -67,9 +71,13 @@ class DecodeStats:
 
     @classmethod
     def merge(cls, runs: Iterable[DecodeStats]) -> DecodeStats:
-        """One DecodeStats over many runs: counts, histograms and times summed."""
+        """One DecodeStats over many runs: counts, histograms and times summed; the acceptance rule
+        of the runs that decoded anything if they share one, else "mixed"."""
         out = cls()
+        rules = set()
         for s in runs:
+            if s.target_forwards:
+                rules.add(s.acceptance)
             out.new_tokens += s.new_tokens
             out.target_forwards += s.target_forwards
             out.rounds += s.rounds
@@ -80,6 +88,7 @@ class DecodeStats:
             out.prefill_s += s.prefill_s
             out.draft_s += s.draft_s
             out.verify_s += s.verify_s
+        out.acceptance = rules.pop() if len(rules) == 1 else "mixed" if rules else "exact"
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,4 +105,6 @@ class DecodeStats:
             "draft_s": round(self.draft_s, 4),
             "verify_s": round(self.verify_s, 4),
             "tokens_per_s": round(tps, 2) if tps else None,
+            "acceptance": self.acceptance,
+            "exact": self.acceptance == "exact",
         }

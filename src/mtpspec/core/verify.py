@@ -5,29 +5,38 @@ Letters follow Leviathan et al. 2023, "Fast Inference from Transformers via Spec
 Decoding" (Algorithm 1): p is the target's distribution, q the draft's. Trees are verified by
 multi-draft speculative sampling (recursive rejection sampling over siblings: Miao et al. 2024,
 "SpecInfer", Algorithm 2; Sun et al. 2023, "SpecTr"). K draft length, N tree drafts, M = N + 1
-verify rows (root first), V vocabulary."""
+verify rows (root first), V vocabulary.
+
+Every rule takes an optional `passes` mask (N,) from `relaxed.py`: drafts a relaxed rule accepts
+whatever the exact test says. None (the default, and always under `exact`) is the exact rule."""
 
 from __future__ import annotations
 
 import torch
 
-from ..config import SamplingConfig
+from ..config import AcceptanceConfig, SamplingConfig
 from .draft import Draft
+from .relaxed import relaxed_passes
 from .sampling import probs_from_logits
 from .tree import children
 
 
-def accept_greedy(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
+def accept_greedy(draft: torch.Tensor, target_logits: torch.Tensor,
+                  passes: torch.Tensor | None = None) -> tuple[int, int]:
     """Greedy verification.
 
     draft: (K,) proposed tokens. target_logits: (K + 1, V), row i is the target's prediction
     after the i-th draft (row 0: after the last verified token).
     Returns the length n of the longest prefix of `draft` equal to the target's argmax and the
     target's own token after it, argmax(row n), so the output equals plain greedy decoding.
+    `passes` (K,): drafts a relaxed rule accepts too (the prefix then need not equal the argmax).
     """
     K = draft.shape[0]
     choice = target_logits.argmax(-1)  # (K + 1,)
-    mismatch = (choice[:K] != draft).nonzero()
+    miss = choice[:K] != draft  # (K,)
+    if passes is not None:
+        miss &= ~passes
+    mismatch = miss.nonzero()
     n = int(mismatch[0, 0]) if mismatch.numel() else K
     return n, int(choice[n])
 
@@ -75,7 +84,8 @@ def point_masses(tokens: torch.Tensor, V: int) -> torch.Tensor:
 
 
 def accept_speculative(
-    draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None
+    draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None,
+    passes: torch.Tensor | None = None,
 ) -> tuple[int, int]:
     """Speculative sampling (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023).
 
@@ -84,10 +94,14 @@ def accept_speculative(
     Draft i is accepted with probability min(1, p_i(x) / q_i(x)). At the first rejection the
     next token is drawn from norm(max(0, p_i - q_i)); if all K pass, from p_K. The output is then
     distributed exactly as p, whatever q is. The probabilities come from `speculative_probs`
-    (edge cases documented there); this function only draws.
+    (edge cases documented there); this function only draws. `passes` (K,): drafts a relaxed
+    rule accepts surely (the same uniforms are drawn, so with none passing this is the exact rule,
+    draw for draw).
     """
     K = draft.shape[0]
     accept, next_dist = speculative_probs(draft, q, p)  # (K,), (K + 1, V)
+    if passes is not None:
+        accept = torch.where(passes, torch.ones_like(accept), accept)
     u = torch.rand(K, generator=generator, device=p.device, dtype=p.dtype)  # (K,)
     rejected = (u >= accept).nonzero()  # u in [0, 1): P(u < a) = a
     n = int(rejected[0, 0]) if rejected.numel() else K
@@ -95,17 +109,22 @@ def accept_speculative(
     return n, int(nxt)
 
 
-def accept_greedy_tree(tokens: torch.Tensor, parents: list[int], target_logits: torch.Tensor) -> tuple[list[int], int]:
+def accept_greedy_tree(tokens: torch.Tensor, parents: list[int], target_logits: torch.Tensor,
+                       passes: torch.Tensor | None = None) -> tuple[list[int], int]:
     """Greedy verification of a draft tree: from the root, follow the child whose token is the
     target's argmax, as long as there is one. target_logits: (M, V), row 0 the root, row i + 1
     draft i. Returns the verify rows of the accepted path (root first) and the target's own
-    token after its last row; the output equals plain greedy decoding."""
+    token after its last row; the output equals plain greedy decoding. `passes` (N,): drafts a
+    relaxed rule accepts too; where no child is the argmax, the walk takes the first that passes."""
     choice = target_logits.argmax(-1).tolist()  # (M,)
     toks = tokens.tolist()
+    ok = passes.tolist() if passes is not None else [False] * len(toks)
     kids = children(parents)
     path = [0]
     while True:
         nxt = next((c for c in kids[path[-1]] if toks[c - 1] == choice[path[-1]]), None)
+        if nxt is None:
+            nxt = next((c for c in kids[path[-1]] if ok[c - 1]), None)
         if nxt is None:
             return path, int(choice[path[-1]])
         path.append(nxt)
@@ -143,7 +162,8 @@ def speculative_tree_probs(
 
 
 def accept_speculative_tree(
-    tokens: torch.Tensor, parents: list[int], q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None
+    tokens: torch.Tensor, parents: list[int], q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None,
+    passes: torch.Tensor | None = None,
 ) -> tuple[list[int], int]:
     """Multi-draft speculative sampling on a tree: the output is distributed exactly as p.
 
@@ -152,8 +172,10 @@ def accept_speculative_tree(
     uniform each); on a pass the walk moves to that child, and when every child of the current
     row failed (or it has none) the target's own token is drawn from that row's residual.
     Returns the verify rows of the accepted path (root first) and that token, as
-    `accept_greedy_tree` does."""
+    `accept_greedy_tree` does. `passes` (N,): drafts a relaxed rule accepts surely once reached."""
     accept, next_dist = speculative_tree_probs(tokens, parents, q, p)  # (N,), (M, V)
+    if passes is not None:
+        accept = torch.where(passes, torch.ones_like(accept), accept)
     pass_prob = accept.tolist()
     kids = children(parents)
     path = [0]
@@ -169,20 +191,32 @@ def accept_speculative_tree(
 
 
 def accept(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig,
-           generator: torch.Generator | None) -> tuple[list[int], int]:
+           generator: torch.Generator | None, acceptance: AcceptanceConfig | None = None) -> tuple[list[int], int]:
     """The acceptance rule for this draft and sampling setting: greedy or speculative sampling,
     chain or tree. target_logits: (N + 1, V), row 0 after the last committed token, row i + 1
     after draft i. Returns the verify rows kept (root first: the accepted drafts are rows
     1..len - 1) and the next token, the target's own. When sampling, a draft without q was
-    proposed deterministically and is verified against point masses."""
+    proposed deterministically and is verified against point masses. `acceptance`: None or
+    `exact` is the exact rule; a relaxed one also accepts the drafts `relaxed_passes` names,
+    each judged against the target's law at its parent's row (softmax of the logits when greedy)."""
+    relaxed = acceptance is not None and not acceptance.exact
+    rows = [i + 1 for i in draft.parent_list()]  # the verify row each draft is judged at
     if sampling.greedy:
+        passes = None
+        if relaxed:  # judge only the drafts the exact rule rejects: the others pass anyway
+            row = torch.tensor(rows, dtype=torch.long, device=target_logits.device)  # (N,)
+            miss = (draft.tokens.to(row.device) != target_logits.argmax(-1)[row]).nonzero()[:, 0]  # (n,)
+            passes = torch.zeros(len(rows), dtype=torch.bool, device=row.device)
+            passes[miss] = relaxed_passes(draft.tokens.to(row.device)[miss], target_logits[row[miss]].float().softmax(-1),
+                                          acceptance)  # type: ignore[arg-type]
         if not draft.is_chain:
-            return accept_greedy_tree(draft.tokens, draft.parent_list(), target_logits)
-        n, nxt = accept_greedy(draft.tokens, target_logits)
+            return accept_greedy_tree(draft.tokens, draft.parent_list(), target_logits, passes)
+        n, nxt = accept_greedy(draft.tokens, target_logits, passes)
         return list(range(n + 1)), nxt
     p = probs_from_logits(target_logits, sampling)  # (N + 1, V)
     q = draft.q.to(p) if draft.q is not None else point_masses(draft.tokens, p.shape[1]).to(p)  # (N, V)
+    passes = relaxed_passes(draft.tokens, p[rows], acceptance) if relaxed else None  # type: ignore[arg-type]
     if not draft.is_chain:
-        return accept_speculative_tree(draft.tokens, draft.parent_list(), q, p, generator)
-    n, nxt = accept_speculative(draft.tokens, q, p, generator)
+        return accept_speculative_tree(draft.tokens, draft.parent_list(), q, p, generator, passes)
+    n, nxt = accept_speculative(draft.tokens, q, p, generator, passes)
     return list(range(n + 1)), nxt

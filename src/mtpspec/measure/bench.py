@@ -12,7 +12,11 @@ Everything measured comes back as dataclasses; `report.py` writes them out.
 Methods: `hf` (Hugging Face greedy `generate`, the reference output), `k0` (mtpspec's loop
 without drafts), `mtp` and `mtp_k{k}` (mtpspec with the MTP head), `assisted` (HF assisted
 generation with a draft model, a small standalone LM), `lookup` (HF prompt lookup decoding), and
-`llamacpp` / `llamacpp-lookup` (llama.cpp greedy / prompt lookup on the target's GGUF file, `llamacpp.py`).
+`llamacpp` / `llamacpp-lookup` (llama.cpp greedy / prompt lookup on the target's GGUF file, `llamacpp.py`),
+and `mtp-relaxed`: the head's chain under a relaxed acceptance rule (`core/relaxed.py`), one method
+per rule in `BenchConfig.acceptance`; its outputs are not the target's own, so the bench scores
+every output (`quality.py`): the target's mean log-probability of it, its edit distance to k0's,
+and where the prompts carry references, the category's reference metric.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..config import AcceptanceConfig
 from ..core.decode import generate as mtp_generate
 from ..core.drafters import (
     FIXED_TREE,
@@ -46,9 +51,12 @@ from ..core.stats import DecodeStats
 from ..core.target import Target
 from ..errors import InputError
 from ..prompts import Prompt
+from .quality import edit_distance
 
-METHODS = ("hf", "k0", "mtp", "mtp-tree", "hybrid", "switch", "assisted", "lookup", "llamacpp", "llamacpp-lookup")
-HEAD_METHODS = ("mtp", "mtp-tree", "hybrid", "switch")
+METHODS = ("hf", "k0", "mtp", "mtp-tree", "hybrid", "switch", "assisted", "lookup", "llamacpp", "llamacpp-lookup",
+           "mtp-relaxed")
+HEAD_METHODS = ("mtp", "mtp-tree", "hybrid", "switch", "mtp-relaxed")
+RELAXED = "mtp-relaxed"
 ALL = "all"  # the category name of the overall summary
 FRESH_HEAD_NOTE = ("mtp: no trained head for this target, so a freshly initialised head was used; its acceptance is "
                    "near zero. Pass --head DIR.")
@@ -58,7 +66,7 @@ FRESH_HEAD_NOTE = ("mtp: no trained head for this target, so a freshly initialis
 @dataclass(frozen=True)
 class BenchConfig:
     # Methods to run, in this order for the first prompt (rotated for each next one).
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = tuple(m for m in METHODS if m != RELAXED)
     # Drafts per round (k) for `mtp`; None = the head's recommended k.
     num_draft_tokens: int | None = None
     # Extra `mtp_k{k}` methods, one per k.
@@ -87,6 +95,13 @@ class BenchConfig:
     hybrid_lookup: int = HYBRID_LOOKUP
     # Longest prompt-lookup chain of `switch` (its head rounds draft the head's k).
     switch_tokens: int = SWITCH_TOKENS
+    # The relaxed rules `mtp-relaxed` runs, one method each (`AcceptanceConfig.parse` text). One
+    # rule: a method named mtp-relaxed; several: mtp-relaxed:<rule>. Not in the default methods.
+    # typical:0.4: the only setting that was faster than the exact head at the least cost (reports/relaxed/).
+    acceptance: tuple[str, ...] = ("typical:0.4",)
+    # Score every output (`quality.py`): the target's mean log-probability of it, its edit
+    # distance to k0's and, where the prompts have references, the category's reference metric.
+    quality: bool = True
     # Context lengths at which the drafter-owned memory is reported.
     contexts: tuple[int, ...] = (512, 2048, 8192)
 
@@ -111,6 +126,13 @@ class BenchConfig:
             raise InputError(f"--tree-nodes must be >= 1 and --hybrid-lookup >= 0, got {self.tree_nodes} and "
                              f"{self.hybrid_lookup}.")
         self.tree_config("torch")  # refuses a bad shape, depth or floor with its own message
+        rules = [AcceptanceConfig.parse(a) for a in self.acceptance]  # a bad rule fails here, with its message
+        object.__setattr__(self, "acceptance", tuple(r.label for r in rules))
+        if RELAXED in self.methods and (not rules or any(r.exact for r in rules)):
+            raise InputError("mtp-relaxed needs a relaxed rule in --acceptance (typical:EPS, topm:M,ALPHA or entropy:TAU); "
+                             "the exact rule is the method `mtp`.")
+        if len(set(rules)) != len(rules):
+            raise InputError(f"--acceptance names a rule twice: {'; '.join(self.acceptance)}.")
 
     def tree_config(self, engine: str) -> TreeConfig:
         """The trees of mtp-tree and hybrid for a target running `engine` (`Target.engine`)."""
@@ -119,6 +141,12 @@ class BenchConfig:
     @property
     def needs_head(self) -> bool:
         return any(m in self.methods for m in HEAD_METHODS) or bool(self.sweep)
+
+    def relaxed_methods(self) -> list[tuple[str, str]]:
+        """(method name, rule label) of each `mtp-relaxed` method, when it is asked for."""
+        if RELAXED not in self.methods:
+            return []
+        return [(RELAXED if len(self.acceptance) == 1 else f"{RELAXED}:{a}", a) for a in self.acceptance]
 
     @property
     def needs_gguf(self) -> bool:
@@ -154,6 +182,7 @@ class Method:
     run: Callable[[torch.Tensor], RunOutput]
     memory: DrafterMemory = DrafterMemory()
     k: int | None = None  # drafts per round, for the MTP methods
+    acceptance: str | None = None  # mtpspec's loop: its acceptance rule ("exact" or a relaxed rule's label)
 
 
 class _FirstTokenClock:
@@ -195,9 +224,11 @@ def hf_method(name: str, model: Any, max_new_tokens: int, **generate_kw: Any) ->
     return Method(name, run)
 
 
-def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens: int, drafter: Any = None) -> Method:
+def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens: int, drafter: Any = None,
+                   acceptance: str = "exact") -> Method:
     """mtpspec's loop drafting k tokens per round with `head` (k=0 or head=None: no drafts), or
-    with another drafter built on it (a tree, a hybrid)."""
+    with another drafter built on it (a tree, a hybrid); `acceptance`: its rule (exact unless
+    a relaxed one is named)."""
     drafter = drafter if drafter is not None else head
 
     def run(ids: torch.Tensor) -> RunOutput:
@@ -208,13 +239,14 @@ def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens:
                 first.append(time.perf_counter())
 
         t0 = time.perf_counter()
-        out = mtp_generate(target, drafter, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k, on_tokens=on_tokens)
+        out = mtp_generate(target, drafter, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k, on_tokens=on_tokens,
+                           acceptance=acceptance)
         seconds = time.perf_counter() - t0
         return RunOutput(out.sequences[0, ids.shape[1]:].tolist(), seconds, first[0] - t0 if first else None,
                          out.stats.target_forwards, out.stats)
 
     memory = DrafterMemory(param_bytes=head.inference_bytes()) if head is not None and k else DrafterMemory()
-    return Method(name, run, memory, k)
+    return Method(name, run, memory, k, acceptance)
 
 
 def draft_model_memory(model: Any) -> DrafterMemory:
@@ -267,6 +299,8 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
             drafter, n = build_drafter(head, name.removeprefix("mtp-"), k=cfg.tree_nodes,
                                        tree=cfg.tree_config(target.engine), lookup_tokens=cfg.hybrid_lookup)
             methods.append(mtpspec_method(name, target, head, n, cfg.max_new_tokens, drafter))
+        elif name == RELAXED:
+            methods += [mtpspec_method(m, target, head, k, cfg.max_new_tokens, acceptance=a) for m, a in cfg.relaxed_methods()]
         elif name == "switch":
             drafter, n = build_drafter(head, "switch", k=cfg.switch_tokens, head_k=k)
             methods.append(mtpspec_method("switch", target, head, n, cfg.max_new_tokens, drafter))
@@ -328,7 +362,16 @@ class Record:
     first_diff: int | None = None  # index of the first token that differs from hf's output
     identical_k0: bool | None = None  # output equals mtpspec's plain decoding (k0), the exactness guarantee
     identical_llamacpp: bool | None = None  # output equals llama.cpp's own greedy (`llamacpp`, first rep)
+    edit_k0: int | None = None  # token edit distance to k0's output (first rep)
+    # `quality.QualityScorer`'s scores: "logprob" (the target's mean log-probability of the
+    # output, nats per token) and the category's reference metric where the prompt has one
+    quality: dict[str, float] = field(default_factory=dict)
     tokens: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def acceptance(self) -> str | None:
+        """The rule mtpspec's loop decoded this under (None: another library's method)."""
+        return self.stats.acceptance if self.stats is not None else None
 
 
 @dataclass
@@ -352,6 +395,12 @@ class Summary:
     identical_llamacpp: int | None = None  # prompts whose output equals llamacpp's in every rep (None: not run)
     ms_per_forward: float | None = None  # mtpspec's loop: mean wall time of one target forward that verifies (drafting excluded)
     ms_per_draft: float | None = None  # mtpspec's loop: mean drafting time per round
+    acceptance: str | None = None  # mtpspec's loop: "exact", or the relaxed rule that made these outputs
+    changed_k0: float | None = None  # share of prompts whose output differs from k0's in some rep
+    edit_k0: float | None = None  # mean token edit distance to k0's output
+    # mean of each quality score over the records that have it ("logprob", "rougeL", "chrF",
+    # "answer", "contains": `quality.py`), and how many records that was ("n_rougeL", ...)
+    quality: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -364,6 +413,7 @@ class BenchResult:
     summaries: list[Summary]
     memory: dict[str, DrafterMemory]
     method_k: dict[str, int | None]
+    method_acceptance: dict[str, str | None]
     notes: list[str]
     peak_rss_bytes: int
     best_k: int | None  # the k of the fastest MTP chain method overall
@@ -381,6 +431,7 @@ class BenchResult:
             "peak_rss_bytes": self.peak_rss_bytes,
             "best_k": self.best_k,
             "method_k": self.method_k,
+            "method_acceptance": self.method_acceptance,
             "memory": {m: {"param_bytes": mem.param_bytes, "kv_bytes_per_token": mem.kv_bytes_per_token,
                            "bytes_at_context": {str(c): mem.at(c) for c in self.config.contexts}}
                        for m, mem in self.memory.items()},
@@ -393,7 +444,8 @@ def _record_dict(r: Record) -> dict[str, Any]:
     """One record for results.json: its stats as `DecodeStats.to_dict` writes them (mean accepted,
     acceptance histogram, per-position rates), its tokens left out."""
     d = {f: getattr(r, f) for f in ("method", "question_id", "category", "rep", "new_tokens", "seconds", "ttft",
-                                    "target_forwards", "identical", "first_diff", "identical_k0", "identical_llamacpp")}
+                                    "target_forwards", "identical", "first_diff", "identical_k0", "identical_llamacpp",
+                                    "acceptance", "edit_k0", "quality")}
     d["stats"] = r.stats.to_dict() if r.stats is not None else None
     return d
 
@@ -431,8 +483,10 @@ def peak_rss_bytes() -> int:
 
 
 def run_bench(cfg: BenchConfig, methods: Sequence[Method], prompts: Sequence[Prompt], inputs: Sequence[torch.Tensor],
-              info: dict[str, Any] | None = None, notes: Sequence[str] = (), progress: bool = True) -> BenchResult:
-    """Run every method on every prompt (`inputs[i]` holds prompt i's (1, T) ids)."""
+              info: dict[str, Any] | None = None, notes: Sequence[str] = (), progress: bool = True,
+              scorer: Callable[[Prompt, torch.Tensor, list[int]], dict[str, float]] | None = None) -> BenchResult:
+    """Run every method on every prompt (`inputs[i]` holds prompt i's (1, T) ids); then, untimed,
+    score every output with `scorer` (`quality.QualityScorer`), if given."""
     if not methods:
         raise InputError("No method left to run (see the notes on skipped methods).")
     n = len(methods)
@@ -454,6 +508,10 @@ def run_bench(cfg: BenchConfig, methods: Sequence[Method], prompts: Sequence[Pro
                                       out.target_forwards, out.stats, tokens=out.tokens))
                 bar.update()
     bar.close()
+    if scorer is not None:
+        by_id = {p.question_id: (p, ids) for p, ids in zip(prompts, inputs)}
+        for r in tqdm(records, desc="quality", disable=not progress):
+            r.quality = scorer(*by_id[r.question_id], r.tokens)
 
     names = [m.name for m in methods]
     _compare_outputs(records)
@@ -461,11 +519,12 @@ def run_bench(cfg: BenchConfig, methods: Sequence[Method], prompts: Sequence[Pro
     summaries = [summarize(records, name, cat) for cat in [ALL, *categories] for name in names]
     _add_speedups(summaries)
     method_k = {m.name: m.k for m in methods}
+    method_acceptance = {m.name: m.acceptance for m in methods}
     chains = [n for n in names if n == "mtp" or n.startswith("mtp_k")]  # trees count nodes, not a draft length
     timed = [(s.tokens_per_s, method_k[s.method]) for s in summaries if s.category == ALL and s.method in chains]
     return BenchResult(config=cfg, info=dict(info or {}), methods=names, categories=categories, records=records,
                        summaries=summaries, memory={m.name: m.memory for m in methods}, method_k=method_k,
-                       notes=list(notes), peak_rss_bytes=peak_rss_bytes(),
+                       method_acceptance=method_acceptance, notes=list(notes), peak_rss_bytes=peak_rss_bytes(),
                        best_k=max(timed)[1] if timed else None)
 
 
@@ -477,6 +536,7 @@ def _compare_outputs(records: list[Record]) -> None:
     for r in records:
         if r.question_id in plain:
             r.identical_k0 = r.tokens == plain[r.question_id]
+            r.edit_k0 = edit_distance(r.tokens, plain[r.question_id])
         if r.question_id in llama:
             r.identical_llamacpp = r.tokens == llama[r.question_id]
         if r.question_id not in ref:
@@ -512,6 +572,12 @@ def summarize(records: Sequence[Record], method: str, category: str = ALL) -> Su
     vs_llama = [r for r in rs if r.identical_llamacpp is not None]
     identical_llamacpp = sum(all(r.identical_llamacpp for r in vs_llama if r.question_id == q)
                              for q in {r.question_id for r in vs_llama}) if vs_llama else None
+    quality: dict[str, float] = {}
+    for name in dict.fromkeys(q for r in rs for q in r.quality):
+        values = [r.quality[name] for r in rs if name in r.quality]
+        quality[name], quality[f"n_{name}"] = sum(values) / len(values), len(values)
+    edits = [r.edit_k0 for r in rs if r.edit_k0 is not None]
+    rules = {r.acceptance for r in rs}
     return Summary(method=method, category=category, prompts=len({r.question_id for r in rs}), new_tokens=tokens,
                    seconds=seconds, tokens_per_s=tokens / seconds if seconds else 0.0, speedup_vs_hf=None,
                    speedup_vs_k0=None, mean_accepted=mean_accepted,
@@ -519,7 +585,9 @@ def summarize(records: Sequence[Record], method: str, category: str = ALL) -> Su
                    ttft_s=sum(ttfts) / len(ttfts) if ttfts else None, identical=identical,
                    position_acceptance=positions, identical_k0=identical_k0, identical_llamacpp=identical_llamacpp,
                    ms_per_forward=ms_forward,
-                   ms_per_draft=ms_draft)
+                   ms_per_draft=ms_draft, acceptance=rules.pop() if len(rules) == 1 else None,
+                   changed_k0=1.0 - identical_k0 / len(k0_qids) if identical_k0 is not None and k0_qids else None,
+                   edit_k0=sum(edits) / len(edits) if edits else None, quality=quality)
 
 
 def _add_speedups(summaries: list[Summary]) -> None:

@@ -44,15 +44,16 @@ class Comparison:
 
 
 def compare(target: Any, head: Any, input_ids: torch.Tensor, num_draft_tokens: int, max_new_tokens: int = 128,
-            on_tokens: Callable[[list[int]], None] | None = None, **sampling: Any) -> Comparison:
+            on_tokens: Callable[[list[int]], None] | None = None, acceptance: Any = None, **sampling: Any) -> Comparison:
     """Decode `input_ids` with `head` at `num_draft_tokens`, then plainly, with the same
-    sampling settings (temperature, top_k, top_p, seed); `on_tokens` streams the first run."""
+    sampling settings (temperature, top_k, top_p, seed); `on_tokens` streams the first run.
+    `acceptance`: the head's run's rule (None: exact); plain decoding has no drafts to relax."""
     for drafter, k in ((head, num_draft_tokens), (None, 0)):
         generate(target, drafter, input_ids, max_new_tokens=min(WARMUP_TOKENS, max_new_tokens), num_draft_tokens=k,
-                 **sampling)
+                 acceptance=acceptance if k else None, **sampling)
     t0 = time.perf_counter()
     spec = generate(target, head, input_ids, max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens,
-                    on_tokens=on_tokens, **sampling)
+                    on_tokens=on_tokens, acceptance=acceptance, **sampling)
     t1 = time.perf_counter()
     plain = generate(target, None, input_ids, max_new_tokens=max_new_tokens, num_draft_tokens=0, **sampling)
     t2 = time.perf_counter()

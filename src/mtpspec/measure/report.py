@@ -90,6 +90,8 @@ def markdown(result: BenchResult) -> str:
         rows.append(row)
     lines += _table(["method", *result.categories], rows)
 
+    lines += quality_markdown(result)
+
     accept = [(m, result.summary(m).position_acceptance) for m in result.methods]
     accept = [(m, a) for m, a in accept if a]
     if accept:
@@ -118,6 +120,75 @@ def summary_line(result: BenchResult, method: str) -> str:
     if s.identical_llamacpp is not None and method.startswith("llamacpp") and method != "llamacpp":
         parts.append(f"to llamacpp {s.identical_llamacpp}/{s.prompts}")
     return "  ".join(parts)
+
+
+REFERENCE_NAMES = {"rougeL": "ROUGE-L", "chrF": "chrF", "answer": "answer match %", "contains": "answer contained %"}
+
+
+def _metrics(result: BenchResult) -> list[str]:
+    """The reference metrics some output of this run was scored on, in REFERENCE_NAMES' order."""
+    seen = {k for s in result.summaries for k in s.quality}
+    return [m for m in REFERENCE_NAMES if m in seen]
+
+
+def _has_quality(result: BenchResult) -> bool:
+    return any(s.quality or s.edit_k0 is not None for s in result.summaries)
+
+
+def _quality_cells(s: Summary, metrics: list[str]) -> list[str]:
+    """changed vs k0, mean edit distance, mean log-probability, then each reference metric."""
+    changed = "-" if s.changed_k0 is None else f"{s.changed_k0:.0%}"
+    return [changed, _f(s.edit_k0, ".1f"), _f(s.quality.get("logprob"), ".3f")] + [_f(s.quality.get(m), ".1f") for m in metrics]
+
+
+def quality_markdown(result: BenchResult) -> list[str]:
+    """The quality tables: overall and per category, beside speed and tokens per forward."""
+    if not _has_quality(result):
+        return []
+    metrics = _metrics(result)
+    lines = ["", "## Quality", "",
+             "What each output is worth, beside what it cost. rule: the acceptance rule (exact: the target's own "
+             "output; a relaxed rule's output is not). changed: share of prompts whose output differs from k0's (plain "
+             "decoding). edit: mean token edit distance to k0's output. logprob: the target's own mean log-probability "
+             "of the output (nats per token; exact greedy output is its likeliest path token by token). Reference "
+             "metrics (0-100) where the prompts have references: " + ", ".join(
+                 f"{REFERENCE_NAMES[m]} ({c})" for c, m in (("summarization", "rougeL"), ("translation", "chrF"),
+                                                           ("math_reasoning", "answer"), ("rag", "contains"))
+                 if m in metrics) + ("." if metrics else "none in this run."), ""]
+    header = ["method", "rule", "tok/fwd", "x k0", "changed", "edit", "logprob", *[REFERENCE_NAMES[m] for m in metrics]]
+    rows = []
+    for m in result.methods:
+        s = result.summary(m)
+        rows.append([m, s.acceptance or "-", _f(s.mean_accepted), _f(s.speedup_vs_k0, ".2f", "x"), *_quality_cells(s, metrics)])
+    lines += _table(header, rows)
+    lines += ["", "Per category: x k0, changed, edit, logprob, and the category's reference metric where it has one.", ""]
+    rows = []
+    for m in result.methods:
+        row = [m]
+        for c in result.categories:
+            s = result.summary(m, c)
+            cells = [_f(s.speedup_vs_k0, ".2f", "x"), *_quality_cells(s, [])]
+            cells += [f"{REFERENCE_NAMES[q]} {s.quality[q]:.1f}" for q in metrics if q in s.quality]
+            row.append(", ".join(cells))
+        rows.append(row)
+    lines += _table(["method", *result.categories], rows)
+    return lines
+
+
+def quality_lines(result: BenchResult) -> list[str]:
+    """Console lines: each method's rule, share changed against k0, edit distance, the target's
+    mean log-probability and the reference metrics, overall."""
+    if not _has_quality(result):
+        return []
+    metrics = _metrics(result)
+    lines = ["quality: rule, outputs changed vs k0, mean token edit distance, target's mean log-prob (nats/token)"
+             + (", " + ", ".join(REFERENCE_NAMES[m] for m in metrics) if metrics else "")]
+    for m in result.methods:
+        s = result.summary(m)
+        changed, edit, logprob, *refs = _quality_cells(s, metrics)
+        ref = "".join(f"  {REFERENCE_NAMES[q]} {v}" for q, v in zip(metrics, refs))
+        lines.append(f"{m:>9}  {s.acceptance or '-':<16} changed {changed:>4}  edit {edit:>5}  logprob {logprob:>6}{ref}")
+    return lines
 
 
 def verify_cost_line(result: BenchResult) -> str | None:

@@ -8,7 +8,7 @@ completion, short math); it is never used for training."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,8 @@ class Prompt:
     question_id: Any
     category: str
     text: str  # the first turn; the chat template is applied to it
+    # the file's `reference` (Spec-Bench: one per turn, for some categories), for `measure/quality.py`
+    reference: Any = field(default=None, compare=False)
 
 
 def load_prompts(path: str | Path | None = None, limit: int | None = None) -> list[Prompt]:
@@ -47,7 +49,8 @@ def load_prompts(path: str | Path | None = None, limit: int | None = None) -> li
             turns = obj["turns"]
             if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
                 raise ValueError("`turns` must be a non-empty list of strings")
-            prompts.append(Prompt(obj.get("question_id", n), str(obj.get("category", "default")), turns[0]))
+            prompts.append(Prompt(obj.get("question_id", n), str(obj.get("category", "default")), turns[0],
+                                  obj.get("reference")))
         except (ValueError, KeyError, TypeError) as e:
             raise DataError(f"{p}, line {n}: not a Spec-Bench prompt ({e!s}). Each line must be a JSON object "
                             'like {"question_id": 1, "category": "qa", "turns": ["..."]}.') from None

@@ -73,7 +73,8 @@ class _Reply:
 
     def _stats(self, c: Chunk) -> dict[str, Any]:
         return {"mean_accepted": round(c.mean_accepted, 4), "target_forwards": c.target_forwards,
-                "num_draft_tokens": self.engine.num_draft_tokens,
+                "num_draft_tokens": self.engine.num_draft_tokens, "acceptance": c.acceptance,
+                "exact": c.acceptance == "exact",
                 "tokens_per_s": round(c.tokens_per_s, 2) if c.tokens_per_s else None}
 
     @staticmethod
@@ -169,7 +170,8 @@ def create_app(engine: Engine) -> FastAPI:
         if body.model is not None and body.model != name:
             return _error(404, f"Model {body.model!r} is not served here; this server serves {name!r} (GET /v1/models).",
                           "invalid_request_error", "model_not_found", "model")
-        job = engine.submit(engine.request(ids, body.token_limit(), body.sampling(), body.stop_strings()))
+        job = engine.submit(engine.request(ids, body.token_limit(), body.sampling(), body.stop_strings(),
+                                           body.acceptance_rule()))
         try:
             first = await _next(job, request)  # prefill errors are still a 4xx here
         except _ClientGone:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..config import SamplingConfig
+from ..config import AcceptanceConfig, SamplingConfig
 from ..core.decode import DecodeState, Round, prefill, step
 from ..core.drafters import build_drafter
 from ..core.stats import DecodeStats
@@ -64,6 +64,7 @@ class DecodeRequest:
     max_new_tokens: int
     sampling: SamplingConfig
     stop: tuple[str, ...] = ()
+    acceptance: AcceptanceConfig = AcceptanceConfig()  # exact unless the request asked for a relaxed rule
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class Chunk:
     mean_accepted: float  # tokens per verify forward so far
     tokens_per_s: float | None
     finish_reason: str | None = None  # on the last chunk: "stop" (EOS or a stop string) or "length"
+    acceptance: str = "exact"  # the rule the reply is decoded under (`AcceptanceConfig.label`)
 
     @property
     def text(self) -> str:
@@ -118,12 +120,14 @@ class Metrics:
     """Counters for /metrics, updated by the worker and the HTTP side (under `lock`)."""
 
     requests: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    relaxed: int = 0  # requests decoded under a relaxed acceptance rule (their output is not the target's own)
     total: DecodeStats = field(default_factory=DecodeStats)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, outcome: str, stats: DecodeStats | None = None) -> None:
         with self.lock:
             self.requests[outcome] += 1
+            self.relaxed += stats is not None and stats.acceptance != "exact"
             if stats is not None:
                 self.total = DecodeStats.merge([self.total, stats])
 
@@ -188,7 +192,7 @@ class Engine:
             return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def request(self, input_ids: torch.Tensor, max_tokens: int | None, sampling: SamplingConfig,
-                stop: tuple[str, ...] = ()) -> DecodeRequest:
+                stop: tuple[str, ...] = (), acceptance: AcceptanceConfig | None = None) -> DecodeRequest:
         """Check a request against this server's limits before it takes a place in the queue."""
         limit = self.config.max_tokens_limit
         n = min(self.config.default_max_tokens, limit) if max_tokens is None else max_tokens
@@ -203,7 +207,8 @@ class Engine:
         if len(stop) > self.config.max_stop:
             raise InputError(f"At most {self.config.max_stop} stop strings, got {len(stop)}.")
         self.target.check_length(input_ids.shape[1] + n)  # an over-long prompt fails here, not in the worker
-        return DecodeRequest(input_ids=input_ids, max_new_tokens=n, sampling=sampling, stop=stop)
+        return DecodeRequest(input_ids=input_ids, max_new_tokens=n, sampling=sampling, stop=stop,
+                             acceptance=acceptance or AcceptanceConfig())
 
     def submit(self, request: DecodeRequest) -> Job:
         """Queue a request (from the event loop); BusyError when the queue is full."""
@@ -272,7 +277,7 @@ class Engine:
         state: DecodeState | None = None
         outcome = "error"
         try:
-            state, new = prefill(self.target, r.input_ids, r.max_new_tokens, layers, r.sampling, None, k)
+            state, new = prefill(self.target, r.input_ids, r.max_new_tokens, layers, r.sampling, None, k, r.acceptance)
             while True:  # `new`: the round's tokens and which of them were accepted drafts
                 pieces = text.push(new.tokens, new.drafted, final=state.done)
                 done = state.done or text.stopped
@@ -302,20 +307,22 @@ class Engine:
         s = state.stats
         return Chunk(pieces=tuple(pieces), token_ids=new.tokens, prompt_tokens=state.prompt_length,
                      completion_tokens=state.num_new, target_forwards=s.target_forwards, mean_accepted=s.mean_accepted,
-                     tokens_per_s=s.tokens_per_s, finish_reason=finish)
+                     tokens_per_s=s.tokens_per_s, finish_reason=finish, acceptance=s.acceptance)
 
 
 def render_metrics(engine: Engine) -> str:
     """Prometheus text format."""
     m = engine.metrics
     with m.lock:
-        requests = dict(m.requests)
+        requests, relaxed = dict(m.requests), m.relaxed
         total = m.total
     tps = total.tokens_per_s or 0.0
     lines = ["# HELP mtpspec_requests_total Requests by outcome (rejected = queue full).",
              "# TYPE mtpspec_requests_total counter"]
     lines += [f'mtpspec_requests_total{{outcome="{o}"}} {requests[o]}' for o in OUTCOMES]
     for name, kind, help_, value in (
+        ("relaxed_requests_total", "counter", "Requests decoded under a relaxed acceptance rule (not the target's own "
+         "output).", relaxed),
         ("tokens_total", "counter", "New tokens generated.", total.new_tokens),
         ("target_forwards_total", "counter", "Target forward passes (prefills included).", total.target_forwards),
         ("tokens_per_second", "gauge", "New tokens per second of decoding, over all requests.", round(tps, 3)),

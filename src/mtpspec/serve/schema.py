@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
-from ..config import SamplingConfig
+from ..config import AcceptanceConfig, SamplingConfig
 
 Number = StrictInt | StrictFloat
 MAX_STOP_LEN = 256  # characters in one stop string: they are held back while streaming
@@ -51,6 +51,9 @@ class _Sampling(_Strict):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: Annotated[StrictInt, Field(ge=1, le=1)] = 1  # one sequence per request
+    # mtpspec's own: the acceptance rule, as `mtpspec generate --acceptance` reads it. None: exact
+    # (the target's own output); a relaxed rule changes the output, and the reply says which.
+    acceptance: StrictStr | None = None
 
     @field_validator("stop")
     @classmethod
@@ -64,6 +67,10 @@ class _Sampling(_Strict):
         return SamplingConfig(temperature=1.0 if self.temperature is None else float(self.temperature),
                               top_k=self.top_k or 0, top_p=1.0 if self.top_p is None else float(self.top_p),
                               seed=self.seed)
+
+    def acceptance_rule(self) -> AcceptanceConfig:
+        """The request's rule; a malformed one is an InputError (400) that names the parameter."""
+        return AcceptanceConfig.parse(self.acceptance)
 
     def stop_strings(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
