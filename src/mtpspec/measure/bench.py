@@ -10,13 +10,18 @@ that both counters read one forward per token for plain decoding.
 Everything measured comes back as dataclasses; `report.py` writes them out.
 
 Methods: `hf` (Hugging Face greedy `generate`, the reference output), `k0` (mtpspec's loop
-without drafts), `mtp` and `mtp_k{k}` (mtpspec with the MTP head), `assisted` (HF assisted
-generation with a draft model, a small standalone LM), `lookup` (HF prompt lookup decoding), and
-`llamacpp` / `llamacpp-lookup` (llama.cpp greedy / prompt lookup on the target's GGUF file, `llamacpp.py`).
+without drafts), `mtp` and `mtp_k{k}` (mtpspec with the MTP head), `draft-model` (mtpspec's loop
+with an independent draft model, a small standalone LM with its own embedding and KV cache,
+`core/draft_model.py`: the same verify pass as `mtp`), `assisted` (HF assisted generation with
+that draft model), `lookup` (HF prompt lookup decoding), and `llamacpp` / `llamacpp-lookup`
+(llama.cpp greedy / prompt lookup on the target's GGUF file, `llamacpp.py`).
+Every run is also charged its process CPU seconds (`time.process_time`, all threads): with
+target forwards per token, the energy proxy.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
 import platform
 import resource
@@ -32,7 +37,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.decode import generate as mtp_generate
+from ..core.draft_model import DraftModelDrafter
 from ..core.drafters import (
+    FALLBACK_K,
     FIXED_TREE,
     HYBRID_LOOKUP,
     SWITCH_TOKENS,
@@ -47,7 +54,11 @@ from ..core.target import Target
 from ..errors import InputError
 from ..prompts import Prompt
 
-METHODS = ("hf", "k0", "mtp", "mtp-tree", "hybrid", "switch", "assisted", "lookup", "llamacpp", "llamacpp-lookup")
+METHODS = ("hf", "k0", "mtp", "mtp-tree", "hybrid", "switch", "draft-model", "assisted", "lookup", "llamacpp",
+           "llamacpp-lookup")
+# What runs when no --methods is given: every method but draft-model, which needs a draft model
+# (the shipped baseline exists for the embedded target only).
+DEFAULT_METHODS = tuple(m for m in METHODS if m != "draft-model")
 HEAD_METHODS = ("mtp", "mtp-tree", "hybrid", "switch")
 ALL = "all"  # the category name of the overall summary
 FRESH_HEAD_NOTE = ("mtp: no trained head for this target, so a freshly initialised head was used; its acceptance is "
@@ -58,9 +69,12 @@ FRESH_HEAD_NOTE = ("mtp: no trained head for this target, so a freshly initialis
 @dataclass(frozen=True)
 class BenchConfig:
     # Methods to run, in this order for the first prompt (rotated for each next one).
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     # Drafts per round (k) for `mtp`; None = the head's recommended k.
     num_draft_tokens: int | None = None
+    # Drafts per round for `draft-model`; None = mtp's k (FALLBACK_K without a head), so that both
+    # drafters propose equally long chains.
+    draft_model_k: int | None = None
     # Extra `mtp_k{k}` methods, one per k.
     sweep: tuple[int, ...] = ()
     max_new_tokens: int = 128
@@ -101,6 +115,8 @@ class BenchConfig:
             raise InputError("No methods to run: give --methods and/or --sweep.")
         if self.num_draft_tokens is not None and self.num_draft_tokens < 1:
             raise InputError(f"--num-draft-tokens must be >= 1 (k0 is plain decoding), got {self.num_draft_tokens}.")
+        if self.draft_model_k is not None and self.draft_model_k < 1:
+            raise InputError(f"--draft-model-k must be >= 1, got {self.draft_model_k}.")
         if any(k < 1 for k in self.sweep):
             raise InputError(f"--sweep values must be >= 1, got {list(self.sweep)}.")
         if self.max_new_tokens < 1 or self.reps < 1 or self.warmup < 0 or self.lookup_tokens < 1 or self.switch_tokens < 1:
@@ -195,9 +211,11 @@ def hf_method(name: str, model: Any, max_new_tokens: int, **generate_kw: Any) ->
     return Method(name, run)
 
 
-def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens: int, drafter: Any = None) -> Method:
+def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens: int, drafter: Any = None,
+                   memory: DrafterMemory | None = None) -> Method:
     """mtpspec's loop drafting k tokens per round with `head` (k=0 or head=None: no drafts), or
-    with another drafter built on it (a tree, a hybrid)."""
+    with another drafter built on it (a tree, a hybrid), or with a draft model (`drafter`, its
+    `memory` given), which reads the prompt first: its prefill counts in TTFT."""
     drafter = drafter if drafter is not None else head
 
     def run(ids: torch.Tensor) -> RunOutput:
@@ -208,12 +226,15 @@ def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens:
                 first.append(time.perf_counter())
 
         t0 = time.perf_counter()
+        if isinstance(drafter, DraftModelDrafter):
+            drafter.prefill(ids)
         out = mtp_generate(target, drafter, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k, on_tokens=on_tokens)
         seconds = time.perf_counter() - t0
         return RunOutput(out.sequences[0, ids.shape[1]:].tolist(), seconds, first[0] - t0 if first else None,
                          out.stats.target_forwards, out.stats)
 
-    memory = DrafterMemory(param_bytes=head.inference_bytes()) if head is not None and k else DrafterMemory()
+    if memory is None:
+        memory = DrafterMemory(param_bytes=head.inference_bytes()) if head is not None and k else DrafterMemory()
     return Method(name, run, memory, k)
 
 
@@ -230,12 +251,17 @@ def draft_model_memory(model: Any) -> DrafterMemory:
                          kv_bytes_per_token=2 * int(c.num_hidden_layers) * kv_heads * head_dim * elem)
 
 
+TRAIN_DRAFT_MODEL = ("Train one with `mtpspec train --kind draft-model --data DATA --out RUN` (its model lands in "
+                     "RUN/draft_model; reports/seed-comparison/train-baseline.sh is the shipped baseline's recipe) and "
+                     "pass --draft-model RUN/draft_model.")
+
+
 def load_draft_model(path: str | Path, dtype: torch.dtype) -> Any:
     """A draft model saved with `save_pretrained` (e.g. <run>/draft_model), local files only."""
     p = Path(path).expanduser()
     if not (p / "config.json").is_file():
-        raise InputError(f"Draft model {p} is not a saved Hugging Face model directory (no config.json). Pass the "
-                         "<run>/draft_model folder written by `mtpspec train --kind draft-model`.")
+        raise InputError(f"Draft model {p} is not a saved Hugging Face model directory (no config.json). "
+                         + TRAIN_DRAFT_MODEL)
     from transformers import AutoModelForCausalLM
 
     try:
@@ -255,6 +281,7 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
     if cfg.needs_head and head is None:
         raise InputError("The mtp methods need an MTP head: pass one, or leave mtp out of --methods and --sweep.")
     k = build_drafter(head, "chain", k=cfg.num_draft_tokens)[1]
+    draft_k = cfg.draft_model_k or (k if head is not None else FALLBACK_K)
     methods = []
     for name in cfg.methods:
         if name == "hf":
@@ -270,6 +297,14 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
         elif name == "switch":
             drafter, n = build_drafter(head, "switch", k=cfg.switch_tokens, head_k=k)
             methods.append(mtpspec_method("switch", target, head, n, cfg.max_new_tokens, drafter))
+        elif name == "draft-model":
+            if draft_model is None:
+                raise InputError("The draft-model method needs a draft model and none was given or shipped for this "
+                                 "target. " + TRAIN_DRAFT_MODEL)
+            # its own copy in the target's dtype (assisted moves the given one to HF's dtype in place)
+            lm = copy.deepcopy(draft_model).to(target.dtype)
+            methods.append(mtpspec_method(name, target, None, draft_k, cfg.max_new_tokens,
+                                          DraftModelDrafter(lm, target), draft_model_memory(lm)))
         elif name == "lookup":
             methods.append(hf_method("lookup", hf_model, cfg.max_new_tokens, prompt_lookup_num_tokens=cfg.lookup_tokens))
         elif name.startswith("llamacpp"):
@@ -324,6 +359,7 @@ class Record:
     ttft: float | None
     target_forwards: int  # prefill included (see RunOutput)
     stats: DecodeStats | None  # mtpspec's own loop only: acceptance histogram, per-position counts
+    cpu_seconds: float = 0.0  # process CPU time of the run, every thread (time.process_time)
     identical: bool | None = None  # output equals hf's (first rep) token for token; None: hf not run
     first_diff: int | None = None  # index of the first token that differs from hf's output
     identical_k0: bool | None = None  # output equals mtpspec's plain decoding (k0), the exactness guarantee
@@ -352,6 +388,7 @@ class Summary:
     identical_llamacpp: int | None = None  # prompts whose output equals llamacpp's in every rep (None: not run)
     ms_per_forward: float | None = None  # mtpspec's loop: mean wall time of one target forward that verifies (drafting excluded)
     ms_per_draft: float | None = None  # mtpspec's loop: mean drafting time per round
+    cpu_s_per_token: float | None = None  # process CPU seconds per new token (with forwards_per_token: the energy proxy)
 
 
 @dataclass
@@ -393,7 +430,7 @@ def _record_dict(r: Record) -> dict[str, Any]:
     """One record for results.json: its stats as `DecodeStats.to_dict` writes them (mean accepted,
     acceptance histogram, per-position rates), its tokens left out."""
     d = {f: getattr(r, f) for f in ("method", "question_id", "category", "rep", "new_tokens", "seconds", "ttft",
-                                    "target_forwards", "identical", "first_diff", "identical_k0", "identical_llamacpp")}
+                                    "target_forwards", "cpu_seconds", "identical", "first_diff", "identical_k0", "identical_llamacpp")}
     d["stats"] = r.stats.to_dict() if r.stats is not None else None
     return d
 
@@ -412,7 +449,7 @@ def environment_info(cfg: BenchConfig, target_name: str, dtype: str, prompts_fil
         "cpu": platform.processor() or platform.machine(), "prompts_file": str(prompts_file or "built-in default"),
         "head": head_source, "draft_model": str(draft_model_dir) if draft_model is not None else "-",
     }
-    if draft_model is not None:
+    if draft_model is not None and "assisted" in cfg.methods:
         gc = draft_model.generation_config  # None = the value transformers fills in at generate time
         names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
         vals = {n: getattr(gc, n, None) for n in names}
@@ -449,9 +486,11 @@ def run_bench(cfg: BenchConfig, methods: Sequence[Method], prompts: Sequence[Pro
         for rep in range(cfg.reps):
             j = (i * cfg.reps + rep) % n  # rotate the order: no method always runs right after another
             for m in list(methods[j:]) + list(methods[:j]):
+                cpu = time.process_time()
                 out = m.run(ids)
+                cpu = time.process_time() - cpu
                 records.append(Record(m.name, p.question_id, p.category, rep, len(out.tokens), out.seconds, out.ttft,
-                                      out.target_forwards, out.stats, tokens=out.tokens))
+                                      out.target_forwards, out.stats, cpu_seconds=cpu, tokens=out.tokens))
                 bar.update()
     bar.close()
 
@@ -492,6 +531,7 @@ def summarize(records: Sequence[Record], method: str, category: str = ALL) -> Su
     tokens = sum(r.new_tokens for r in rs)
     seconds = sum(r.seconds for r in rs)
     forwards = sum(r.target_forwards for r in rs)
+    cpu = sum(r.cpu_seconds for r in rs)
     ttfts = [r.ttft for r in rs if r.ttft is not None]
     ms_forward = ms_draft = None
     if rs and all(r.stats is not None for r in rs):  # mtpspec's loop: prefill excluded, from DecodeStats
@@ -519,7 +559,7 @@ def summarize(records: Sequence[Record], method: str, category: str = ALL) -> Su
                    ttft_s=sum(ttfts) / len(ttfts) if ttfts else None, identical=identical,
                    position_acceptance=positions, identical_k0=identical_k0, identical_llamacpp=identical_llamacpp,
                    ms_per_forward=ms_forward,
-                   ms_per_draft=ms_draft)
+                   ms_per_draft=ms_draft, cpu_s_per_token=cpu / tokens if tokens else None)
 
 
 def _add_speedups(summaries: list[Summary]) -> None:
