@@ -6,7 +6,7 @@ draft model's cache holds, K drafts, V vocabulary.
 
 A draft model is a standalone small causal LM with its own embedding table, LM head and KV
 cache (e.g. `mtpspec train --kind draft-model`). It runs through the same `Target` adapter as
-the target: its own decoder stack over its own static `KVCache`, the fused forward where the
+the target: its own decoder stack over its own `KVCache`, the fused forward where the
 model, dtype and CPU allow, as the head's draft step is fused where the target's forward is.
 `decode.step` verifies its chain exactly as it verifies the head's, so the two methods differ
 in the drafter alone.
@@ -14,7 +14,7 @@ in the drafter alone.
 Its cache follows the text: a round feeds the tokens it has not yet seen (the whole prompt in
 the first round, unless `prefill` ran), then one token per draft step; `update` rolls it back
 to the accepted drafts, as the target's cache is rolled back, so it always holds a prefix of
-the text, exactly the keys and values a fresh prefill of that prefix computes.
+the text: the keys and values a fresh prefill of that prefix computes (tests/test_draft_model.py).
 """
 
 from __future__ import annotations
@@ -95,7 +95,3 @@ class DraftModelDrafter:
         keep = len(self.ids) - fed + min(accepted, fed)
         self.cache.truncate(keep)
         del self.ids[keep:]
-
-    def kv_bytes_per_token(self) -> int:
-        """Bytes its cache holds per position: K and V for every layer and key/value head."""
-        return 2 * self.lm.num_layers * self.lm.num_kv_heads * self.lm.head_dim * self.cache.keys.element_size()
