@@ -139,6 +139,48 @@ def test_draft_model_memory(bench_run):
     assert all(v == 0 for m in ("hf", "k0", "lookup") for v in mem[m]["bytes_at_context"].values())
 
 
+@pytest.mark.slow
+def test_draft_model_runs_in_mtpspecs_loop_exactly_with_its_memory_ttft_and_cpu_time(tmp_path):
+    model, _ = save_tiny_model_dir(tmp_path / "model")
+    MTPHead.for_target(model).save_pretrained(tmp_path / "head")
+    dm = draft_model(Target(model), TrainConfig(draft_model_hidden=16))
+    dm.save_pretrained(tmp_path / "draft_model")
+    out = tmp_path / "report"
+    r = runner.invoke(app, ["bench", "--target", str(tmp_path / "model"), "--head", str(tmp_path / "head"),
+                            "--draft-model", str(tmp_path / "draft_model"), "--methods", "k0,mtp,draft-model,assisted",
+                            "--prompts", str(write_prompts(tmp_path / "p.jsonl")), "--max-new-tokens", "10", "-k", "3",
+                            "--threads", "1", "--no-progress", "--dtype", "fp32", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    overall = {s["method"]: s for s in res["summaries"] if s["category"] == "all"}
+    assert overall["draft-model"]["identical_k0"] == 4 and overall["assisted"]["identical_k0"] == 4
+    assert res["method_k"]["draft-model"] == res["method_k"]["mtp"] == 3  # equally long chains
+    assert len(overall["draft-model"]["position_acceptance"]) == 3 and overall["draft-model"]["ttft_s"] > 0
+    # its own weights and KV cache, computed from its config, as assisted's (the same model)
+    assert res["memory"]["draft-model"] == res["memory"]["assisted"]
+    # the energy proxy, for every method: target forwards and process CPU seconds per new token
+    for m in ("k0", "mtp", "draft-model", "assisted"):
+        assert overall[m]["forwards_per_token"] > 0 and overall[m]["cpu_s_per_token"] > 0, m
+    assert all(rec["cpu_seconds"] > 0 for rec in res["records"])
+    assert "CPU ms/token" in (out / "results.md").read_text()
+
+
+def test_draft_model_without_a_model_or_with_another_vocabulary_is_a_clear_error(tmp_path):
+    model, _ = save_tiny_model_dir(tmp_path / "model")
+    args = ["bench", "--target", str(tmp_path / "model"), "--methods", "k0,draft-model", "--warmup", "0",
+            "--prompts", str(write_prompts(tmp_path / "p.jsonl", PROMPTS[:1])), "--max-new-tokens", "4",
+            "--no-progress", "--out", str(tmp_path / "report")]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "error: The draft-model method needs a draft model" in r.output
+    assert "mtpspec train --kind draft-model" in r.output
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path / "dm50")
+    r = runner.invoke(app, [*args, "--draft-model", str(tmp_path / "dm50")])
+    assert r.exit_code == 2 and "vocabulary (50 tokens) differs from the target's (97)" in r.output
+
+
 def test_assisted_without_draft_model_is_skipped_with_a_note(tmp_path):
     save_tiny_model_dir(tmp_path / "model")
     out = tmp_path / "report"

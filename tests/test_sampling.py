@@ -2,9 +2,9 @@
 emits continuations distributed exactly as the target's own sampling with the same
 temperature / top-k / top-p. Checked against the exact law of every continuation of a
 tiny-vocabulary target (chi-square), with a misreporting drafter that the same check rejects;
-the same for draft trees (the head's tree, the hybrid) and for drafts without q, verified as
-point masses. Also: seeds are reproducible, the global RNG is left alone, and
-`probs_from_logits` is HF's.
+the same for draft trees (the head's tree, the hybrid), for drafts without q, verified as point
+masses, and for an independent draft model. Also: seeds are reproducible, the global RNG is left
+alone, and `probs_from_logits` is HF's.
 
 V vocabulary, NEW new tokens per sample.
 """
@@ -24,7 +24,8 @@ from transformers.generation.logits_process import (
 )
 
 import mtpspec
-from mtpspec import Draft, HeadConfig, MTPHead, SamplingConfig
+from mtpspec import Draft, HeadConfig, MTPHead, SamplingConfig, Target
+from mtpspec.core.draft_model import DraftModelDrafter
 from mtpspec.core.drafters import HybridDrafter, RoundCosts, TreeConfig, TreeDrafter
 from mtpspec.core.sampling import probs_from_logits
 
@@ -177,6 +178,19 @@ def test_trees_and_drafts_without_q_sample_the_target_distribution(name):
     counts, hist = sampled_counts(model, drafter, 3, cfg)
     assert hist[0] > 0 and hist[1] > 0, hist  # drafts both rejected and accepted
     assert (drafter.trees > 0) == (name != "chain_without_q")  # real trees were verified
+    assert chisquare_pvalue(counts, exact_law(model, cfg)) > 1e-3
+
+
+@pytest.mark.slow
+def test_an_independent_draft_model_samples_the_target_distribution():
+    """A standalone draft model (its own embedding and KV cache, `core/draft_model.py`) drafts
+    from its own q; the output is still the target's law."""
+    cfg = SamplingConfig(temperature=0.8, top_p=0.95)
+    model = _small_vocab_target()
+    other = tiny_model("llama", seed=5, vocab_size=V, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=1, initializer_range=0.3)
+    counts, hist = sampled_counts(model, DraftModelDrafter(other, Target(model)), 2, cfg)
+    assert all(hist[n] > 0 for n in range(3)), hist
     assert chisquare_pvalue(counts, exact_law(model, cfg)) > 1e-3
 
 

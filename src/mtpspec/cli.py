@@ -424,8 +424,11 @@ def bench(
     weights: str = WEIGHTS,
     target: str = TARGET,
     head: Path = HEAD,
-    draft_model: Path = typer.Option(None, "--draft-model", help="Draft model directory for `assisted` "
-                                     "(<run>/draft_model from `mtpspec train --kind draft-model`)."),
+    draft_model: Path = typer.Option(None, "--draft-model", help="Draft model directory for `draft-model` and "
+                                     "`assisted` (<run>/draft_model from `mtpspec train --kind draft-model`) [default: "
+                                     "the baseline shipped for the target, if any]."),
+    draft_model_k: int = option(BenchConfig, "draft_model_k", help="Drafts per round for `draft-model` [default: "
+                                "mtp's k]."),
     num_draft_tokens: int = option(BenchConfig, "num_draft_tokens", "--num-draft-tokens", "-k",
                                    help="Drafts per round for `mtp` [default: the head's tuned k]."),
     sweep: str = typer.Option(None, "--sweep", help="Comma-separated k values; adds one method mtp_k<k> per value."),
@@ -469,7 +472,7 @@ def bench(
     from .measure.quality import QualityScorer, missing_libraries
     from .measure.report import quality_lines, summary_line, verify_cost_line, write_report
     from .models import chat_ids, gguf_file, resolve_dtype
-    from .pretrained import resolve_head
+    from .pretrained import resolve_head, shipped_draft_model_dir
     from .prompts import load_prompts
 
     cfg = config_from(BenchConfig, locals(), methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
@@ -487,7 +490,10 @@ def bench(
     if (hf_torch_dtype != tgt.dtype or loaded.weights != "dense") and any(m in cfg.methods for m in ("hf", "lookup", "assisted")):
         hf_model = open_target(target, hf_torch_dtype)[0].model
     choice = resolve_head(tgt, loaded.name, head, warn=_warn) if cfg.needs_head else None
-    assistant = load_draft_model(draft_model, hf_torch_dtype) if draft_model and "assisted" in cfg.methods else None
+    if draft_model is None and "draft-model" in cfg.methods:
+        draft_model = shipped_draft_model_dir(loaded.name)  # None: build_methods says how to train one
+    wants = "assisted" in cfg.methods or "draft-model" in cfg.methods
+    assistant = load_draft_model(draft_model, hf_torch_dtype) if draft_model and wants else None
     gguf = gguf_file(target) if cfg.needs_gguf else None
     method_list, notes = build_methods(cfg, loaded.model, choice.head if choice else None, assistant, hf_model, gguf)
     if choice and choice.directory is None:

@@ -10,17 +10,22 @@ that both counters read one forward per token for plain decoding.
 Everything measured comes back as dataclasses; `report.py` writes them out.
 
 Methods: `hf` (Hugging Face greedy `generate`, the reference output), `k0` (mtpspec's loop
-without drafts), `mtp` and `mtp_k{k}` (mtpspec with the MTP head), `assisted` (HF assisted
-generation with a draft model, a small standalone LM), `lookup` (HF prompt lookup decoding), and
-`llamacpp` / `llamacpp-lookup` (llama.cpp greedy / prompt lookup on the target's GGUF file, `llamacpp.py`),
-and `mtp-relaxed`: the head's chain under a relaxed acceptance rule (`core/relaxed.py`), one method
-per rule in `BenchConfig.acceptance`; its outputs are not the target's own, so the bench scores
-every output (`quality.py`): the target's mean log-probability of it, its edit distance to k0's,
-and where the prompts carry references, the category's reference metric.
+without drafts), `mtp` and `mtp_k{k}` (mtpspec with the MTP head), `draft-model` (mtpspec's loop
+with an independent draft model, a small standalone LM with its own embedding and KV cache,
+`core/draft_model.py`: the same verify pass as `mtp`), `assisted` (HF assisted generation with
+that draft model), `lookup` (HF prompt lookup decoding), `llamacpp` / `llamacpp-lookup`
+(llama.cpp greedy / prompt lookup on the target's GGUF file, `llamacpp.py`), and `mtp-relaxed`:
+the head's chain under a relaxed acceptance rule (`core/relaxed.py`), one method per rule in
+`BenchConfig.acceptance`; its outputs are not the target's own, so the bench scores every output
+(`quality.py`): the target's mean log-probability of it, its edit distance to k0's, and where the
+prompts carry references, the category's reference metric.
+Every run is also charged its process CPU seconds (`time.process_time`, all threads): with
+target forwards per token, the energy proxy.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
 import platform
 import resource
@@ -37,7 +42,9 @@ from tqdm.auto import tqdm
 
 from ..config import AcceptanceConfig
 from ..core.decode import generate as mtp_generate
+from ..core.draft_model import DraftModelDrafter
 from ..core.drafters import (
+    FALLBACK_K,
     FIXED_TREE,
     HYBRID_LOOKUP,
     SWITCH_TOKENS,
@@ -53,10 +60,13 @@ from ..errors import InputError
 from ..prompts import Prompt
 from .quality import edit_distance
 
-METHODS = ("hf", "k0", "mtp", "mtp-tree", "hybrid", "switch", "assisted", "lookup", "llamacpp", "llamacpp-lookup",
-           "mtp-relaxed")
-HEAD_METHODS = ("mtp", "mtp-tree", "hybrid", "switch", "mtp-relaxed")
+METHODS = ("hf", "k0", "mtp", "mtp-tree", "hybrid", "switch", "draft-model", "assisted", "lookup", "llamacpp",
+           "llamacpp-lookup", "mtp-relaxed")
 RELAXED = "mtp-relaxed"
+# What runs when no --methods is given: every method but draft-model, which needs a draft model
+# (the shipped baseline exists for the embedded target only), and mtp-relaxed, which is not exact.
+DEFAULT_METHODS = tuple(m for m in METHODS if m not in ("draft-model", RELAXED))
+HEAD_METHODS = ("mtp", "mtp-tree", "hybrid", "switch", RELAXED)
 ALL = "all"  # the category name of the overall summary
 FRESH_HEAD_NOTE = ("mtp: no trained head for this target, so a freshly initialised head was used; its acceptance is "
                    "near zero. Pass --head DIR.")
@@ -66,9 +76,12 @@ FRESH_HEAD_NOTE = ("mtp: no trained head for this target, so a freshly initialis
 @dataclass(frozen=True)
 class BenchConfig:
     # Methods to run, in this order for the first prompt (rotated for each next one).
-    methods: tuple[str, ...] = tuple(m for m in METHODS if m != RELAXED)
+    methods: tuple[str, ...] = DEFAULT_METHODS
     # Drafts per round (k) for `mtp`; None = the head's recommended k.
     num_draft_tokens: int | None = None
+    # Drafts per round for `draft-model`; None = mtp's k (FALLBACK_K without a head), so that both
+    # drafters propose equally long chains.
+    draft_model_k: int | None = None
     # Extra `mtp_k{k}` methods, one per k.
     sweep: tuple[int, ...] = ()
     max_new_tokens: int = 128
@@ -116,6 +129,8 @@ class BenchConfig:
             raise InputError("No methods to run: give --methods and/or --sweep.")
         if self.num_draft_tokens is not None and self.num_draft_tokens < 1:
             raise InputError(f"--num-draft-tokens must be >= 1 (k0 is plain decoding), got {self.num_draft_tokens}.")
+        if self.draft_model_k is not None and self.draft_model_k < 1:
+            raise InputError(f"--draft-model-k must be >= 1, got {self.draft_model_k}.")
         if any(k < 1 for k in self.sweep):
             raise InputError(f"--sweep values must be >= 1, got {list(self.sweep)}.")
         if self.max_new_tokens < 1 or self.reps < 1 or self.warmup < 0 or self.lookup_tokens < 1 or self.switch_tokens < 1:
@@ -225,10 +240,11 @@ def hf_method(name: str, model: Any, max_new_tokens: int, **generate_kw: Any) ->
 
 
 def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens: int, drafter: Any = None,
-                   acceptance: str = "exact") -> Method:
+                   memory: DrafterMemory | None = None, acceptance: str = "exact") -> Method:
     """mtpspec's loop drafting k tokens per round with `head` (k=0 or head=None: no drafts), or
-    with another drafter built on it (a tree, a hybrid); `acceptance`: its rule (exact unless
-    a relaxed one is named)."""
+    with another drafter built on it (a tree, a hybrid), or with a draft model (`drafter`, its
+    `memory` given), which reads the prompt first: its prefill counts in TTFT. `acceptance`: the
+    rule (exact unless a relaxed one is named)."""
     drafter = drafter if drafter is not None else head
 
     def run(ids: torch.Tensor) -> RunOutput:
@@ -239,13 +255,16 @@ def mtpspec_method(name: str, target: Target, head: Any, k: int, max_new_tokens:
                 first.append(time.perf_counter())
 
         t0 = time.perf_counter()
+        if isinstance(drafter, DraftModelDrafter):
+            drafter.prefill(ids)
         out = mtp_generate(target, drafter, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k, on_tokens=on_tokens,
                            acceptance=acceptance)
         seconds = time.perf_counter() - t0
         return RunOutput(out.sequences[0, ids.shape[1]:].tolist(), seconds, first[0] - t0 if first else None,
                          out.stats.target_forwards, out.stats)
 
-    memory = DrafterMemory(param_bytes=head.inference_bytes()) if head is not None and k else DrafterMemory()
+    if memory is None:
+        memory = DrafterMemory(param_bytes=head.inference_bytes()) if head is not None and k else DrafterMemory()
     return Method(name, run, memory, k, acceptance)
 
 
@@ -262,12 +281,17 @@ def draft_model_memory(model: Any) -> DrafterMemory:
                          kv_bytes_per_token=2 * int(c.num_hidden_layers) * kv_heads * head_dim * elem)
 
 
+TRAIN_DRAFT_MODEL = ("Train one with `mtpspec train --kind draft-model --data DATA --out RUN` (its model lands in "
+                     "RUN/draft_model; reports/seed-comparison/train-baseline.sh is the shipped baseline's recipe) and "
+                     "pass --draft-model RUN/draft_model.")
+
+
 def load_draft_model(path: str | Path, dtype: torch.dtype) -> Any:
     """A draft model saved with `save_pretrained` (e.g. <run>/draft_model), local files only."""
     p = Path(path).expanduser()
     if not (p / "config.json").is_file():
-        raise InputError(f"Draft model {p} is not a saved Hugging Face model directory (no config.json). Pass the "
-                         "<run>/draft_model folder written by `mtpspec train --kind draft-model`.")
+        raise InputError(f"Draft model {p} is not a saved Hugging Face model directory (no config.json). "
+                         + TRAIN_DRAFT_MODEL)
     from transformers import AutoModelForCausalLM
 
     try:
@@ -287,6 +311,7 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
     if cfg.needs_head and head is None:
         raise InputError("The mtp methods need an MTP head: pass one, or leave mtp out of --methods and --sweep.")
     k = build_drafter(head, "chain", k=cfg.num_draft_tokens)[1]
+    draft_k = cfg.draft_model_k or (k if head is not None else FALLBACK_K)
     methods = []
     for name in cfg.methods:
         if name == "hf":
@@ -304,6 +329,14 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
         elif name == "switch":
             drafter, n = build_drafter(head, "switch", k=cfg.switch_tokens, head_k=k)
             methods.append(mtpspec_method("switch", target, head, n, cfg.max_new_tokens, drafter))
+        elif name == "draft-model":
+            if draft_model is None:
+                raise InputError("The draft-model method needs a draft model and none was given or shipped for this "
+                                 "target. " + TRAIN_DRAFT_MODEL)
+            # its own copy in the target's dtype (assisted moves the given one to HF's dtype in place)
+            lm = copy.deepcopy(draft_model).to(target.dtype)
+            methods.append(mtpspec_method(name, target, None, draft_k, cfg.max_new_tokens,
+                                          DraftModelDrafter(lm, target), draft_model_memory(lm)))
         elif name == "lookup":
             methods.append(hf_method("lookup", hf_model, cfg.max_new_tokens, prompt_lookup_num_tokens=cfg.lookup_tokens))
         elif name.startswith("llamacpp"):
@@ -358,6 +391,7 @@ class Record:
     ttft: float | None
     target_forwards: int  # prefill included (see RunOutput)
     stats: DecodeStats | None  # mtpspec's own loop only: acceptance histogram, per-position counts
+    cpu_seconds: float = 0.0  # process CPU time of the run, every thread (time.process_time)
     identical: bool | None = None  # output equals hf's (first rep) token for token; None: hf not run
     first_diff: int | None = None  # index of the first token that differs from hf's output
     identical_k0: bool | None = None  # output equals mtpspec's plain decoding (k0), the exactness guarantee
@@ -401,6 +435,7 @@ class Summary:
     # mean of each quality score over the records that have it ("logprob", "rougeL", "chrF",
     # "answer", "contains": `quality.py`), and how many records that was ("n_rougeL", ...)
     quality: dict[str, float] = field(default_factory=dict)
+    cpu_s_per_token: float | None = None  # process CPU seconds per new token (with forwards_per_token: the energy proxy)
 
 
 @dataclass
@@ -444,7 +479,7 @@ def _record_dict(r: Record) -> dict[str, Any]:
     """One record for results.json: its stats as `DecodeStats.to_dict` writes them (mean accepted,
     acceptance histogram, per-position rates), its tokens left out."""
     d = {f: getattr(r, f) for f in ("method", "question_id", "category", "rep", "new_tokens", "seconds", "ttft",
-                                    "target_forwards", "identical", "first_diff", "identical_k0", "identical_llamacpp",
+                                    "target_forwards", "identical", "first_diff", "identical_k0", "identical_llamacpp", "cpu_seconds",
                                     "acceptance", "edit_k0", "quality")}
     d["stats"] = r.stats.to_dict() if r.stats is not None else None
     return d
@@ -464,7 +499,7 @@ def environment_info(cfg: BenchConfig, target_name: str, dtype: str, prompts_fil
         "cpu": platform.processor() or platform.machine(), "prompts_file": str(prompts_file or "built-in default"),
         "head": head_source, "draft_model": str(draft_model_dir) if draft_model is not None else "-",
     }
-    if draft_model is not None:
+    if draft_model is not None and "assisted" in cfg.methods:
         gc = draft_model.generation_config  # None = the value transformers fills in at generate time
         names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
         vals = {n: getattr(gc, n, None) for n in names}
@@ -503,9 +538,11 @@ def run_bench(cfg: BenchConfig, methods: Sequence[Method], prompts: Sequence[Pro
         for rep in range(cfg.reps):
             j = (i * cfg.reps + rep) % n  # rotate the order: no method always runs right after another
             for m in list(methods[j:]) + list(methods[:j]):
+                cpu = time.process_time()
                 out = m.run(ids)
+                cpu = time.process_time() - cpu
                 records.append(Record(m.name, p.question_id, p.category, rep, len(out.tokens), out.seconds, out.ttft,
-                                      out.target_forwards, out.stats, tokens=out.tokens))
+                                      out.target_forwards, out.stats, cpu_seconds=cpu, tokens=out.tokens))
                 bar.update()
     bar.close()
     if scorer is not None:
@@ -552,6 +589,7 @@ def summarize(records: Sequence[Record], method: str, category: str = ALL) -> Su
     tokens = sum(r.new_tokens for r in rs)
     seconds = sum(r.seconds for r in rs)
     forwards = sum(r.target_forwards for r in rs)
+    cpu = sum(r.cpu_seconds for r in rs)
     ttfts = [r.ttft for r in rs if r.ttft is not None]
     ms_forward = ms_draft = None
     if rs and all(r.stats is not None for r in rs):  # mtpspec's loop: prefill excluded, from DecodeStats
@@ -587,7 +625,8 @@ def summarize(records: Sequence[Record], method: str, category: str = ALL) -> Su
                    ms_per_forward=ms_forward,
                    ms_per_draft=ms_draft, acceptance=rules.pop() if len(rules) == 1 else None,
                    changed_k0=1.0 - identical_k0 / len(k0_qids) if identical_k0 is not None and k0_qids else None,
-                   edit_k0=sum(edits) / len(edits) if edits else None, quality=quality)
+                   edit_k0=sum(edits) / len(edits) if edits else None, quality=quality,
+                   cpu_s_per_token=cpu / tokens if tokens else None)
 
 
 def _add_speedups(summaries: list[Summary]) -> None:

@@ -58,14 +58,15 @@ def markdown(result: BenchResult) -> str:
     lines += ["", "## Overall", "",
               "tok/s = total new tokens / total wall time; speed-ups are ratios of tok/s from this run. "
               "accepted/fwd: tokens per target forward that verifies drafts. fwd/token: all target forwards "
-              "(prefill included) per new token. ms/verify fwd: mean wall time of one target forward in mtpspec's loop "
+              "(prefill included) per new token. CPU ms/token: process CPU time (every thread) per new token; with "
+              "fwd/token, the energy proxy. ms/verify fwd: mean wall time of one target forward in mtpspec's loop "
               "(k0: one token; a drafting method: k + 1 tokens or tree nodes), so their ratio is this run's verify "
               "cost. identical to k0: the exactness guarantee (same dtype, same library). identical to llamacpp: "
               "outputs equal to llama.cpp's own greedy decoding (its batched verify may round otherwise). TTFT includes any draft "
               "model prefill. Memory: what the drafter "
               "owns beside the target (weights + its own KV cache) at each context length.", ""]
     header = ["method", "k", "tok/s", "x hf", "x k0", "accepted/fwd", "fwd/token", "ms/verify fwd", "ms drafting/round",
-              "TTFT ms", "identical to hf", "identical to k0", "identical to llamacpp"]
+              "TTFT ms", "CPU ms/token", "identical to hf", "identical to k0", "identical to llamacpp"]
     header += [f"drafter mem @{c}" for c in ctx]
     rows = []
     for m in result.methods:
@@ -73,7 +74,8 @@ def markdown(result: BenchResult) -> str:
         rows.append([m, _f(result.method_k[m], "d"), _f(s.tokens_per_s, ".1f"), _f(s.speedup_vs_hf, ".2f", "x"),
                      _f(s.speedup_vs_k0, ".2f", "x"), _f(s.mean_accepted), _f(s.forwards_per_token, ".3f"),
                      _f(s.ms_per_forward, ".1f"), _f(s.ms_per_draft, ".2f"),
-                     _f(s.ttft_s * 1e3 if s.ttft_s is not None else None, ".1f"), _identical(s),
+                     _f(s.ttft_s * 1e3 if s.ttft_s is not None else None, ".1f"),
+                     _f(s.cpu_s_per_token * 1e3 if s.cpu_s_per_token is not None else None, ".1f"), _identical(s),
                      "-" if s.identical_k0 is None else f"{s.identical_k0}/{s.prompts}",
                      "-" if s.identical_llamacpp is None else f"{s.identical_llamacpp}/{s.prompts}"]
                     + [_mib(result.memory[m].at(c)) for c in ctx])
@@ -87,6 +89,17 @@ def markdown(result: BenchResult) -> str:
             s = result.summary(m, c)
             k0 = "-" if s.identical_k0 is None else f"{s.identical_k0}/{s.prompts}"
             row.append(f"{s.tokens_per_s:.1f} ({_f(s.speedup_vs_hf, '.2f', 'x')}), {_identical(s)} / {k0}")
+        rows.append(row)
+    lines += _table(["method", *result.categories], rows)
+    lines += ["", "Per category: speed-up over k0, accepted tokens per verifying forward, TTFT ms, CPU ms per token", ""]
+    rows = []
+    for m in result.methods:
+        row = [m]
+        for c in result.categories:
+            s = result.summary(m, c)
+            row.append(f"{_f(s.speedup_vs_k0, '.2f', 'x')}, {_f(s.mean_accepted)}, "
+                       f"{_f(s.ttft_s * 1e3 if s.ttft_s is not None else None, '.0f')}, "
+                       f"{_f(s.cpu_s_per_token * 1e3 if s.cpu_s_per_token is not None else None, '.1f')}")
         rows.append(row)
     lines += _table(["method", *result.categories], rows)
 

@@ -1,5 +1,5 @@
 """Heads shipped with the package, one folder per embedded target, and the policy that picks
-the head to draft with."""
+the head to draft with; beside a head, the baseline draft model it is measured against."""
 
 from __future__ import annotations
 
@@ -20,6 +20,15 @@ HERE = Path(__file__).parent
 def shipped_head_dir(target_name: str) -> Path | None:
     d = HERE / target_name
     return d if (d / CONFIG_NAME).is_file() else None
+
+
+DRAFT_MODEL_DIR = "draft_model"  # the baseline draft model shipped beside a head (`mtpspec bench --methods draft-model`)
+
+
+def shipped_draft_model_dir(target_name: str) -> Path | None:
+    """The baseline draft model shipped for `target_name`, if any (a saved HF model folder)."""
+    d = HERE / target_name / DRAFT_MODEL_DIR
+    return d if (d / "config.json").is_file() else None
 
 
 FRESH_HEAD_WARNING = ("warning: no trained head for this target; using a freshly initialised head, which accepts "
