@@ -121,7 +121,7 @@ def markdown(result: BenchResult) -> str:
 def summary_line(result: BenchResult, method: str) -> str:
     """One console line for a method: speed, speed-ups, acceptance and exactness."""
     s = result.summary(method)
-    parts = [f"{method:>9}  {s.tokens_per_s:6.1f} tok/s"]
+    parts = [f"{method:>11}  {s.tokens_per_s:6.1f} tok/s"]
     parts.append(f"{s.speedup_vs_hf:5.2f}x hf" if s.speedup_vs_hf is not None else " " * 8)
     parts.append(f"{s.speedup_vs_k0:5.2f}x k0" if s.speedup_vs_k0 is not None else " " * 8)
     if s.mean_accepted is not None:
@@ -200,7 +200,7 @@ def quality_lines(result: BenchResult) -> list[str]:
         s = result.summary(m)
         changed, edit, logprob, *refs = _quality_cells(s, metrics)
         ref = "".join(f"  {REFERENCE_NAMES[q]} {v}" for q, v in zip(metrics, refs))
-        lines.append(f"{m:>9}  {s.acceptance or '-':<16} changed {changed:>4}  edit {edit:>5}  logprob {logprob:>6}{ref}")
+        lines.append(f"{m:>11}  {s.acceptance or '-':<16} changed {changed:>4}  edit {edit:>5}  logprob {logprob:>6}{ref}")
     return lines
 
 
