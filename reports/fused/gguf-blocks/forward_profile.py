@@ -11,25 +11,14 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import statistics
-import time
 
 import torch
 
 from mtpspec.core import fused, quant
 from mtpspec.core.target import Target
 from mtpspec.measure.bandwidth import matrix_bytes, measure_bandwidth
+from mtpspec.measure.costs import median_time
 from mtpspec.models import load_target
-
-
-def median_s(fn, reps: int = 21) -> float:
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def main() -> None:
@@ -57,7 +46,7 @@ def main() -> None:
             for m in mats:
                 so.fused_qmatmul(x.data_ptr(), a.rows, I, ctypes.byref(m), O, y.data_ptr(), 2)
 
-        s = median_s(run)
+        s = median_time(run, 21)
         nb = sum(matrix_bytes(p.matrices) for p in projs)
         total, limit = total + s, limit + nb / bw.bytes_per_s
         kind = "/".join(sorted({getattr(m, "name", "dense") for m in projs[0].matrices}))
@@ -73,7 +62,7 @@ def main() -> None:
         t.forward(ids[:, ctx:], cache, (-1,))
         cache.truncate(ctx)
 
-    f = median_s(forward)
+    f = median_time(forward, 21)
     print(f"  Target.forward over {a.rows} token(s) after {ctx}: {f * 1e3:.2f} ms = {f / limit:.2f}x the limit; "
           f"{(f - total) * 1e3:.2f} ms beyond the matmuls")
 

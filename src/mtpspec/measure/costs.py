@@ -63,7 +63,8 @@ class Costs:
 TREE_SPINE, TREE_BRANCHES = 4, 3
 
 
-def _median_time(fn: Callable[[], object], reps: int) -> float:
+def median_time(fn: Callable[[], object], reps: int) -> float:
+    """Median seconds of `reps` calls of fn, after one untimed call."""
     fn()  # warm-up
     ts = []
     for _ in range(reps):
@@ -91,7 +92,7 @@ def measure_costs(target: Target, head: MTPHead, max_n: int = 9, context: int = 
         def run(n: int = n) -> None:
             target.forward(ids[:, context:context + n], cache, head.config.hidden_layers)
             cache.truncate(context)  # drop the n rows again, as a round that rejects them
-        verify[n] = _median_time(run, reps)
+        verify[n] = median_time(run, reps)
     tree_s = tree_step = None
     if TREE_SPINE + TREE_BRANCHES + 1 <= max_n:
         parents = list(range(-1, TREE_SPINE - 1)) + [-1] * TREE_BRANCHES
@@ -101,13 +102,13 @@ def measure_costs(target: Target, head: MTPHead, max_n: int = 9, context: int = 
             target.forward(ids[:, context:context + len(parents) + 1], cache, head.config.hidden_layers,
                            positions=pos, tree_mask=mask)
             cache.truncate(context)
-        tree_s = _median_time(run_tree, reps)
+        tree_s = median_time(run_tree, reps)
     inp = DraftInput(tokens=ids[:, :context + 1], hidden=pre.hidden[:, -1], cache=cache)
     k = 4
-    step = _median_time(lambda: head.propose(inp, k, SamplingConfig(), None), reps) / k
+    step = median_time(lambda: head.propose(inp, k, SamplingConfig(), None), reps) / k
     if tree_s is not None:
         tree = TreeDrafter(head, FIXED_TREE)  # width 3, beam 4: every depth a batched step
-        tree_step = _median_time(lambda: tree.ranked_nodes(inp, k), reps) / k
+        tree_step = median_time(lambda: tree.ranked_nodes(inp, k), reps) / k
     vocab = head.draft_ids.numel() if head.draft_ids is not None else target.vocab_size
     memory = None
     if bandwidth_bytes > 0:
