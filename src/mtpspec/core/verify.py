@@ -200,23 +200,33 @@ def accept(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig,
     `exact` is the exact rule; a relaxed one also accepts the drafts `relaxed_passes` names,
     each judged against the target's law at its parent's row (softmax of the logits when greedy)."""
     relaxed = acceptance is not None and not acceptance.exact
-    rows = [i + 1 for i in draft.parent_list()]  # the verify row each draft is judged at
     if sampling.greedy:
-        passes = None
-        if relaxed:  # judge only the drafts the exact rule rejects: the others pass anyway
-            row = torch.tensor(rows, dtype=torch.long, device=target_logits.device)  # (N,)
-            miss = (draft.tokens.to(row.device) != target_logits.argmax(-1)[row]).nonzero()[:, 0]  # (n,)
-            passes = torch.zeros(len(rows), dtype=torch.bool, device=row.device)
-            passes[miss] = relaxed_passes(draft.tokens.to(row.device)[miss], target_logits[row[miss]].float().softmax(-1),
-                                          acceptance)  # type: ignore[arg-type]
+        passes = _greedy_passes(draft, target_logits, acceptance) if relaxed else None  # type: ignore[arg-type]
         if not draft.is_chain:
             return accept_greedy_tree(draft.tokens, draft.parent_list(), target_logits, passes)
         n, nxt = accept_greedy(draft.tokens, target_logits, passes)
         return list(range(n + 1)), nxt
     p = probs_from_logits(target_logits, sampling)  # (N + 1, V)
     q = draft.q.to(p) if draft.q is not None else point_masses(draft.tokens, p.shape[1]).to(p)  # (N, V)
-    passes = relaxed_passes(draft.tokens, p[rows], acceptance) if relaxed else None  # type: ignore[arg-type]
+    passes = relaxed_passes(draft.tokens, p[_judged_rows(draft)], acceptance) if relaxed else None  # type: ignore[arg-type]
     if not draft.is_chain:
         return accept_speculative_tree(draft.tokens, draft.parent_list(), q, p, generator, passes)
     n, nxt = accept_speculative(draft.tokens, q, p, generator, passes)
     return list(range(n + 1)), nxt
+
+
+def _judged_rows(draft: Draft) -> torch.Tensor:
+    """(N,) the verify row each draft is judged at: its parent's (row 0 is the root)."""
+    return torch.tensor([i + 1 for i in draft.parent_list()], dtype=torch.long)
+
+
+def _greedy_passes(draft: Draft, target_logits: torch.Tensor, acceptance: AcceptanceConfig) -> torch.Tensor:
+    """(N,) bool: the drafts a relaxed rule accepts under greedy decoding, judged against the
+    softmax of the target's logits at their parent's row. Only the drafts the exact rule rejects
+    are judged: the others pass anyway."""
+    row = _judged_rows(draft).to(target_logits.device)
+    tokens = draft.tokens.to(row.device)
+    miss = (tokens != target_logits.argmax(-1)[row]).nonzero()[:, 0]  # (n,)
+    passes = torch.zeros(len(row), dtype=torch.bool, device=row.device)
+    passes[miss] = relaxed_passes(tokens[miss], target_logits[row[miss]].float().softmax(-1), acceptance)
+    return passes
