@@ -26,7 +26,7 @@ from .drafters import build_drafter
 from .kernels import R_MAX
 from .sampling import make_generator, probs_from_logits, sample
 from .stats import DecodeStats
-from .target import Target
+from .target import Target, TargetStep
 from .tree import TreeLayout, spine_first
 from .verify import accept
 
@@ -123,6 +123,45 @@ def _emit(state: DecodeState, accepted: list[int], drafted: int = 0) -> Round:
     return Round(tokens=tuple(accepted), drafted=tuple(j < drafted for j in range(len(accepted))))
 
 
+def open_state(
+    target: Target,
+    input_ids: torch.Tensor,
+    max_new_tokens: int = 128,
+    hidden_layers: tuple[int, ...] = (-1,),
+    sampling: SamplingConfig | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    num_draft_tokens: int = 0,
+    acceptance: AcceptanceConfig | str | None = None,
+) -> DecodeState:
+    """A request's state before its prompt has run: checked input, an empty cache of the
+    request's own capacity, its generator. `prefill` runs the prompt on it at once; a batch
+    (`batch.py`) in chunks, then both call `finish_prefill`."""
+    sampling = sampling or SamplingConfig()
+    acceptance = AcceptanceConfig.parse(acceptance)
+    input_ids = _check_input(input_ids, target)
+    if max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+    T = input_ids.shape[1]
+    target.check_length(T + max_new_tokens)
+    # The capacity depends on the request only (never on the number of drafts): attention
+    # spans every slot, so plain and speculative decoding then compute bit-identical rows.
+    cache = target.new_cache(T + max_new_tokens + MAX_TREE_SLACK)
+    return DecodeState(cache=cache, tokens=input_ids, hidden=input_ids.new_empty(0), prompt_length=T,
+                       max_new_tokens=max_new_tokens, eos=resolve_eos(target, eos_token_id), sampling=sampling,
+                       generator=make_generator(sampling, target.device), hidden_layers=hidden_layers,
+                       stats=DecodeStats.empty(num_draft_tokens, acceptance.label), acceptance=acceptance)
+
+
+def finish_prefill(state: DecodeState, last: TargetStep) -> Round:
+    """Once the whole prompt is in the cache: the features and logits of its last row (`last`,
+    any forward whose final row is the prompt's last) give the drafter's state and the first
+    new token (a `Round` of one, the target's own)."""
+    state.hidden = last.hidden[:, -1]
+    first = _emit(state, [_pick(last.logits[0, -1], state.sampling, state.generator)])
+    state.stats.target_forwards += 1
+    return first
+
+
 @torch.no_grad()
 def prefill(
     target: Target,
@@ -137,27 +176,69 @@ def prefill(
     """Run the prompt once and pick the first new token. Returns the state and that token (a
     `Round` of one, the target's own). `acceptance`: the rule each `step` accepts drafts by
     (None: exact; a relaxed rule as `AcceptanceConfig` or its text, e.g. 'typical:0.09')."""
-    sampling = sampling or SamplingConfig()
-    acceptance = AcceptanceConfig.parse(acceptance)
-    input_ids = _check_input(input_ids, target)
-    if max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
-    T = input_ids.shape[1]
-    target.check_length(T + max_new_tokens)
     t0 = time.perf_counter()
-    # The capacity depends on the request only (never on the number of drafts): attention
-    # spans every slot, so plain and speculative decoding then compute bit-identical rows.
-    cache = target.new_cache(T + max_new_tokens + MAX_TREE_SLACK)
-    out = target.forward(input_ids, cache, hidden_layers, logits_to_keep=1)
-    gen = make_generator(sampling, target.device)
-    state = DecodeState(cache=cache, tokens=input_ids, hidden=out.hidden[:, -1], prompt_length=T,
-                        max_new_tokens=max_new_tokens, eos=resolve_eos(target, eos_token_id), sampling=sampling,
-                        generator=gen, hidden_layers=hidden_layers, stats=DecodeStats.empty(num_draft_tokens, acceptance.label),
-                        acceptance=acceptance)
-    first = _emit(state, [_pick(out.logits[0, -1], sampling, gen)])
+    state = open_state(target, input_ids, max_new_tokens, hidden_layers, sampling, eos_token_id, num_draft_tokens,
+                       acceptance)
+    out = target.forward(state.tokens, state.cache, hidden_layers, logits_to_keep=1)
+    first = finish_prefill(state, out)
     state.stats.prefill_s = time.perf_counter() - t0
-    state.stats.target_forwards = 1
     return state, first
+
+
+def round_k(state: DecodeState, drafter: Drafter | None, num_draft_tokens: int) -> int:
+    """Drafts this round: never past max_new_tokens (the round always adds the target's own token too)."""
+    _check_draft_count(num_draft_tokens)
+    return min(num_draft_tokens if drafter is not None else 0, state.max_new_tokens - state.num_new - 1)
+
+
+def prepare(drafter: Drafter | None, state: DecodeState, k: int, draft: Draft | None = None) -> Verify:
+    """A round's draft (proposed here unless given) as the verify pass reads it: spine first,
+    its tree layout, and the rows (the last committed token, then the drafts)."""
+    if draft is None:
+        if k > 0:
+            draft = drafter.propose(DraftInput(state.tokens, state.hidden, state.cache), k, state.sampling,  # type: ignore[union-attr]
+                                    state.generator)
+        else:
+            draft = Draft(tokens=state.tokens.new_empty(0))
+    if draft.tokens.shape[0] > k:  # more rows than the round may verify (and the cache may hold)
+        raise InputError(f"{type(drafter).__name__}.propose returned {draft.tokens.shape[0]} tokens, expected at most {k}.")
+    draft = _spine_first(draft)  # a tree's likeliest path verifies on the cache itself, uncopied
+    parents = draft.parent_list()
+    # A tree's positions, masks and ancestor lists, derived here once for the forward (None: a chain)
+    layout = None if draft.is_chain else TreeLayout.from_parents(parents)
+    rows = torch.cat([state.tokens[:, -1:], draft.tokens.to(state.tokens)[None]], dim=1)  # (1, M)
+    return Verify(draft=draft, parents=parents, layout=layout, rows=rows, start=state.cache.length, k=k)
+
+
+@dataclass(frozen=True)
+class Verify:
+    """One round between drafting and acceptance: the draft, its parents and layout, the verify rows."""
+
+    draft: Draft
+    parents: list[int]
+    layout: TreeLayout | None
+    rows: torch.Tensor  # (1, M)
+    start: int  # the cache's committed length before the verify pass
+    k: int  # the drafts the round asked for
+
+
+def conclude(state: DecodeState, drafter: Drafter | None, v: Verify, out: TargetStep, draft_s: float,
+             verify_s: float) -> Round:
+    """Accept the longest agreeing path plus the target's own next token; roll the cache back to
+    that path; continue from the features of its last row, which the verify pass computed."""
+    path, nxt = accept(v.draft, out.logits[0], state.sampling, state.generator, state.acceptance)  # rows, root first
+    state.cache.keep(v.start, path)
+    state.hidden = out.hidden[:, path[-1]]  # (1, F)
+    accepted = [int(t) for t in v.rows[0, path[1:]]] + [nxt]
+    n = len(path) - 1
+    if drafter is not None and v.k > 0:
+        drafter.update(len(v.parents), n)
+    s = state.stats
+    s.draft_s += draft_s
+    s.verify_s += verify_s
+    s.target_forwards += 1
+    s.record_round(len(v.parents) if v.layout is None else int(v.layout.depths.max()), n)  # a tree checks one node per depth
+    return _emit(state, accepted, drafted=n)
 
 
 @torch.no_grad()
@@ -168,46 +249,14 @@ def step(target: Target, drafter: Drafter | None, state: DecodeState, num_draft_
     _check_draft_count(num_draft_tokens)
     if state.done:
         return Round(tokens=(), drafted=())
-    # Never draft past max_new_tokens: the round always adds the target's own token too.
-    k = min(num_draft_tokens if drafter is not None else 0, state.max_new_tokens - state.num_new - 1)
-    L = state.cache.length
-
     # 1. Draft k tokens (a chain, or a tree of k nodes); the drafter reads the cache, never writes it.
     t0 = time.perf_counter()
-    if k > 0:
-        draft = drafter.propose(DraftInput(state.tokens, state.hidden, state.cache), k, state.sampling,  # type: ignore[union-attr]
-                                state.generator)
-        if draft.tokens.shape[0] > k:  # more rows than the round may verify (and the cache may hold)
-            raise InputError(f"{type(drafter).__name__}.propose returned {draft.tokens.shape[0]} tokens, expected at most {k}.")
-    else:
-        draft = Draft(tokens=state.tokens.new_empty(0))
-    draft = _spine_first(draft)  # a tree's likeliest path verifies on the cache itself, uncopied
-    parents = draft.parent_list()
-    # A tree's positions, masks and ancestor lists, derived here once for the forward (None: a chain)
-    layout = None if draft.is_chain else TreeLayout.from_parents(parents)
+    v = prepare(drafter, state, round_k(state, drafter, num_draft_tokens))
     t1 = time.perf_counter()
-
     # 2. Verify: one target forward over the last committed token and the drafts.
-    rows = torch.cat([state.tokens[:, -1:], draft.tokens.to(state.tokens)[None]], dim=1)  # (1, M)
-    out = target.forward(rows, state.cache, state.hidden_layers, layout=layout)
-
-    # 3. Accept the longest agreeing path plus the target's own next token.
-    path, nxt = accept(draft, out.logits[0], state.sampling, state.generator, state.acceptance)  # rows, root first
-
-    # 4. Roll the cache back to the accepted path; 5. continue from the features of its last
-    # row, which this verify pass already computed.
-    state.cache.keep(L, path)
-    state.hidden = out.hidden[:, path[-1]]  # (1, F)
-    accepted = [int(t) for t in rows[0, path[1:]]] + [nxt]
-    n = len(path) - 1
-    if drafter is not None and k > 0:
-        drafter.update(len(parents), n)
-    s = state.stats
-    s.draft_s += t1 - t0
-    s.verify_s += time.perf_counter() - t1
-    s.target_forwards += 1
-    s.record_round(len(parents) if layout is None else int(layout.depths.max()), n)  # a tree checks one node per depth
-    return _emit(state, accepted, drafted=n)
+    out = target.forward(v.rows, state.cache, state.hidden_layers, layout=v.layout)
+    # 3.-5. Accept, roll back, continue.
+    return conclude(state, drafter, v, out, t1 - t0, time.perf_counter() - t1)
 
 
 @torch.no_grad()

@@ -885,26 +885,44 @@ static void attend(const elem *K, const elem *Vv, int S, int H, int Hk, int hd, 
     }
 }
 
-/* x (T, D) bf16: the embedded rows in, the final normed rows out.
- * pos (T,): positions; nanc (T,), anc (T, T): which new rows each row attends (see attend);
- * anc NULL: a chain (row r attends new rows 0..r).
- * cos, sin (T, hd) bf16: the rotary table at those positions, sin with its first half negated.
+/* One sequence's share of a call: its rows [row0, row0 + T) of the call's rows, attending its
+ * own cache (keys, values: (N, Hk, S, hd), `start` slots committed). nanc (T,), anc (T, T): which
+ * of its new rows each row attends (see attend); anc NULL: a chain (row r attends new rows 0..r). */
+typedef struct {
+    int row0, T, start, S;
+    elem *keys, *values;
+    const int *nanc, *anc;
+} Seq;
+
+/* The forward over the rows of nseq sequences at once (continuous batching): every matmul
+ * reads each weight once for all rows; each sequence's rows attend only its own cache. By row
+ * invariance (above) a row's outputs are what the sequence alone would compute, whatever else
+ * shares the call.
+ * x (T, D): the embedded rows in (sequence after sequence), the final normed rows out.
+ * pos (T,): positions; cos, sin (T, hd): the rotary table there, sin with its first half negated.
  * feat_layers (nfeat,): layer indices whose input rows to copy to feats (nfeat, T, D) in that
- * order (index N: the final normed rows). logits (Tk, V) fp32 for the last Tk rows. */
-void fused_forward(const Model *m, elem *x, int T, int start, const int *pos, const int *nanc, const int *anc,
-                   const elem *cos, const elem *sin, int nfeat, const int *feat_layers, elem *feats,
-                   int Tk, float *logits, int nthreads) {
-    const int D = m->D, H = m->H, Hk = m->Hk, hd = m->hd, M = m->M, S = m->S;
+ * order (index N: the final normed rows). logits (nlog, V) fp32 for rows log_rows[0..nlog-1]. */
+static void forward_seqs(const Model *m, int nseq, const Seq *seqs, elem *x, int T, const int *pos,
+                         const elem *cos, const elem *sin, int nfeat, const int *feat_layers, elem *feats,
+                         int nlog, const int *log_rows, float *logits, int nthreads) {
+    const int D = m->D, H = m->H, Hk = m->Hk, hd = m->hd, M = m->M;
     const int Q = (H + 2 * Hk) * hd;
     const int wide = Q > 2 * M ? Q : 2 * M;
+    int Smax = 0;
+    for (int s = 0; s < nseq; s++) Smax = seqs[s].S > Smax ? seqs[s].S : Smax;
+    int *row_seq = malloc(sizeof(int) * (size_t)(T > 0 ? T : 1)); /* each row's sequence */
+    for (int s = 0; s < nseq; s++)
+        for (int r = 0; r < seqs[s].T; r++) row_seq[seqs[s].row0 + r] = s;
     float *y = malloc(sizeof(float) * (size_t)T * (wide > D ? wide : D));
     elem *h = malloc(sizeof(elem) * (size_t)T * (D > H * hd ? D : H * hd));
     elem *qb = malloc(sizeof(elem) * (size_t)T * H * hd);
     elem *ab = malloc(sizeof(elem) * (size_t)T * H * hd);
     elem *gb = malloc(sizeof(elem) * (size_t)T * M);
-    float *scratch = malloc(sizeof(float) * (size_t)nthreads * ATTEND_SCRATCH(S));
+    elem *lx = malloc(sizeof(elem) * (size_t)(nlog > 0 ? nlog : 1) * D); /* the rows the LM head reads */
+    float *scratch = malloc(sizeof(float) * (size_t)nthreads * ATTEND_SCRATCH(Smax));
     const int widest_in = D > M ? (D > H * hd ? D : H * hd) : (M > H * hd ? M : H * hd);
-    elem *xv = malloc(sizeof(elem) * (size_t)((T + 15) / 16 * 16) * widest_in);
+    const int nx = T > nlog ? T : nlog;
+    elem *xv = malloc(sizeof(elem) * (size_t)((nx + 15) / 16 * 16) * widest_in);
 #pragma omp parallel num_threads(nthreads)
     {
         for (int l = 0; l < m->n_layers; l++) {
@@ -915,18 +933,26 @@ void fused_forward(const Model *m, elem *x, int T, int start, const int *pos, co
             rms_norm(x, T, D, m->attn_norm[l], m->attn_eps[l], h);
             matmul(h, T, D, &m->wqkv[l], Q, y, xv);
             const elem *bq = m->bqkv[l];
-            elem *Kl = m->keys + (size_t)l * Hk * S * hd, *Vl = m->values + (size_t)l * Hk * S * hd;
+            const size_t layer_off = (size_t)l * Hk; /* in (S, hd) planes */
 #pragma omp for schedule(static) collapse(2)
             for (int r = 0; r < T; r++) {
                 for (int hh = 0; hh < H + 2 * Hk; hh++) { /* one head of q, k or v: bias, RoPE, its place */
+                    const Seq *sq = &seqs[row_seq[r]];
+                    const size_t S = sq->S, slot = sq->start + (r - sq->row0);
                     elem *dst = hh < H ? qb + ((size_t)r * H + hh) * hd
-                              : hh < H + Hk ? Kl + ((size_t)(hh - H) * S + start + r) * hd
-                                            : Vl + ((size_t)(hh - H - Hk) * S + start + r) * hd;
+                              : hh < H + Hk ? sq->keys + ((layer_off + hh - H) * S + slot) * hd
+                                            : sq->values + ((layer_off + hh - H - Hk) * S + slot) * hd;
                     project_head(y + (size_t)r * Q + (size_t)hh * hd, bq ? bq + hh * hd : NULL, hd,
                                  hh < H + Hk && m->rope[l] ? cos + (size_t)r * hd : NULL, sin + (size_t)r * hd, dst);
                 }
             }
-            attend(Kl, Vl, S, H, Hk, hd, m->scale[l], m->window[l], T, start, pos, nanc, anc, qb, ab, scratch);
+            for (int s = 0; s < nseq; s++) { /* each sequence over its own cache */
+                const Seq *sq = &seqs[s];
+                const size_t off = (size_t)sq->row0 * H * hd;
+                attend(sq->keys + layer_off * sq->S * hd, sq->values + layer_off * sq->S * hd, sq->S, H, Hk, hd,
+                       m->scale[l], m->window[l], sq->T, sq->start, pos + sq->row0, sq->nanc, sq->anc, qb + off,
+                       ab + off, scratch);
+            }
             matmul(ab, T, H * hd, &m->wo[l], D, y, xv);
             residual(x, y, m->bo[l], T, D);
             /* MLP */
@@ -942,9 +968,10 @@ void fused_forward(const Model *m, elem *x, int T, int start, const int *pos, co
             memcpy(x, h, sizeof(elem) * (size_t)T * D);
             for (int f = 0; f < nfeat; f++)
                 if (feat_layers[f] == m->n_layers) memcpy(feats + (size_t)f * T * D, x, sizeof(elem) * (size_t)T * D);
+            for (int i = 0; i < nlog; i++) memcpy(lx + (size_t)i * D, x + (size_t)log_rows[i] * D, sizeof(elem) * D);
         }
-        if (Tk > 0) {
-            matmul(x + (size_t)(T - Tk) * D, Tk, D, &m->lm_w, m->V, logits, xv);
+        if (nlog > 0) {
+            matmul(lx, nlog, D, &m->lm_w, m->V, logits, xv);
             const int V = m->V, chunks = (V + 15) / 16;
 #ifdef FUSED_F32
             const int finish = m->lm_b != NULL; /* else the fp32 sums are the logits */
@@ -953,14 +980,33 @@ void fused_forward(const Model *m, elem *x, int T, int start, const int *pos, co
 #endif
             if (finish) { /* the same for every thread: all or none meet the loop */
 #pragma omp for schedule(static) collapse(2)
-                for (int r = 0; r < Tk; r++)
+                for (int r = 0; r < nlog; r++)
                     for (int c = 0; c < chunks; c++) /* elem logits (+ bias), kept as fp32, in place */
                         _mm512_mask_storeu_ps(logits + (size_t)r * V + 16 * c, m16(V - 16 * c),
                                               biased(logits + (size_t)r * V + 16 * c, m->lm_b ? m->lm_b + 16 * c : NULL, V - 16 * c));
             }
         }
     }
-    free(xv); free(y); free(h); free(qb); free(ab); free(gb); free(scratch);
+    free(xv); free(y); free(h); free(qb); free(ab); free(gb); free(lx); free(scratch); free(row_seq);
+}
+
+/* One sequence (the model's own cache, m->keys / m->values of m->S slots, `start` committed):
+ * T rows, logits (Tk, V) for the last Tk of them. See forward_seqs. */
+void fused_forward(const Model *m, elem *x, int T, int start, const int *pos, const int *nanc, const int *anc,
+                   const elem *cos, const elem *sin, int nfeat, const int *feat_layers, elem *feats,
+                   int Tk, float *logits, int nthreads) {
+    Seq s = {0, T, start, m->S, m->keys, m->values, nanc, anc};
+    int *rows = malloc(sizeof(int) * (size_t)(Tk > 0 ? Tk : 1));
+    for (int i = 0; i < Tk; i++) rows[i] = T - Tk + i;
+    forward_seqs(m, 1, &s, x, T, pos, cos, sin, nfeat, feat_layers, feats, Tk, rows, logits, nthreads);
+    free(rows);
+}
+
+/* Several sequences in one forward (see forward_seqs): nseq entries of seqs. */
+void fused_forward_seqs(const Model *m, int nseq, const Seq *seqs, elem *x, int T, const int *pos,
+                        const elem *cos, const elem *sin, int nfeat, const int *feat_layers, elem *feats,
+                        int nlog, const int *log_rows, float *logits, int nthreads) {
+    forward_seqs(m, nseq, seqs, x, T, pos, cos, sin, nfeat, feat_layers, feats, nlog, log_rows, logits, nthreads);
 }
 
 /* y (R, O) fp32 = x (R, I) @ w (O, I)^T: the forward's matmul alone (tests, measurements). */
@@ -1004,25 +1050,30 @@ typedef struct {
     const elem **norm_attn, **wq, **wo, **norm_mlp, **wgu, **wdown; /* per block */
 } Head;
 
-/* R rows at one position (a chain's step: R = 1; a tree's frontier: its nodes).
- * state, emb (R, D): the states and the embedded tokens; cos, sin (hd) at the position (sin
- * signed as above); keys, values (Hk, S, hd): the target's layer the head reads, slots 0..L-1.
+/* R rows of nseq sequences (continuous batching: each sequence's rows [row0, row0 + T), all at
+ * its position `start` = L with no ancestors; keys, values (Hk, S, hd): the target's layer the
+ * head reads, slots 0..L-1 committed). state, emb (R, D): the states and the embedded tokens;
+ * cos, sin (R, hd) per row (sin signed as above).
  * Out: state_out (R, D) and logits (R, V1 + E) fp32 (bf16 values) over w_vocab (V1, D; dense or quantized) then
- * w_extra (E, D), from the target's final norm of the new states. */
-void head_step(const Head *h, int R, const elem *state, const elem *emb, const elem *cos, const elem *sin,
-               const elem *keys, const elem *values, int S, int L, const Mat *w_vocab, int V1,
-               const elem *w_extra, int E, elem *state_out, float *logits, int nthreads) {
+ * w_extra (E, D), from the target's final norm of the new states. Every row is computed as it
+ * would be alone (row invariance, above). */
+static void head_seqs(const Head *h, int nseq, const Seq *seqs, int R, const elem *state, const elem *emb,
+                      const elem *cos, const elem *sin, const Mat *w_vocab, int V1,
+                      const elem *w_extra, int E, elem *state_out, float *logits, int nthreads) {
     const int D = h->D, H = h->H, hd = h->hd, M = h->M;
     int wide = 2 * D > 2 * M ? 2 * D : 2 * M;
     wide = wide > H * hd ? wide : H * hd;
+    int Smax = 0;
+    for (int s = 0; s < nseq; s++) Smax = seqs[s].S > Smax ? seqs[s].S : Smax;
     elem *u = malloc(sizeof(elem) * (size_t)R * wide), *n2 = malloc(sizeof(elem) * (size_t)R * 2 * D);
     elem *q = malloc(sizeof(elem) * (size_t)R * H * hd), *a = malloc(sizeof(elem) * (size_t)R * H * hd);
     float *y = malloc(sizeof(float) * (size_t)R * wide);
     float *l1 = malloc(sizeof(float) * (size_t)R * V1), *l2 = E > 0 ? malloc(sizeof(float) * (size_t)R * E) : NULL;
     elem *xv = malloc(sizeof(elem) * (size_t)((R + 15) / 16 * 16) * wide);
-    float *scratch = malloc(sizeof(float) * (size_t)nthreads * ATTEND_SCRATCH(S));
+    float *scratch = malloc(sizeof(float) * (size_t)nthreads * ATTEND_SCRATCH(Smax));
     int *pos = malloc(sizeof(int) * R), *none = calloc(R, sizeof(int));
-    for (int r = 0; r < R; r++) pos[r] = L;
+    for (int s = 0; s < nseq; s++)
+        for (int r = 0; r < seqs[s].T; r++) pos[seqs[s].row0 + r] = seqs[s].start;
     elem *x = state_out; /* written by the fc step first */
 #pragma omp parallel num_threads(nthreads)
     {
@@ -1043,9 +1094,15 @@ void head_step(const Head *h, int R, const elem *state, const elem *emb, const e
 #pragma omp for schedule(static) collapse(2)
             for (int r = 0; r < R; r++)
                 for (int hh = 0; hh < H; hh++)
-                    project_head(y + ((size_t)r * H + hh) * hd, NULL, hd, cos, sin, q + ((size_t)r * H + hh) * hd);
+                    project_head(y + ((size_t)r * H + hh) * hd, NULL, hd, cos + (size_t)r * hd, sin + (size_t)r * hd,
+                                 q + ((size_t)r * H + hh) * hd);
             /* every committed slot, no new rows: each row at "start" L with no ancestors */
-            attend(keys, values, S, H, h->Hk, hd, 1.0f / sqrtf((float)hd), 0, R, L, pos, none, none, q, a, scratch);
+            for (int s = 0; s < nseq; s++) {
+                const Seq *sq = &seqs[s];
+                const size_t off = (size_t)sq->row0 * H * hd;
+                attend(sq->keys, sq->values, sq->S, H, h->Hk, hd, 1.0f / sqrtf((float)hd), 0, sq->T, sq->start,
+                       pos + sq->row0, none, none, q + off, a + off, scratch);
+            }
             matmul_dense(a, R, H * hd, h->wo[b], D, y, xv);
             residual(x, y, NULL, R, D);
             if (M > 0) {
@@ -1069,4 +1126,11 @@ void head_step(const Head *h, int R, const elem *state, const elem *emb, const e
             }
     }
     free(u); free(n2); free(q); free(a); free(y); free(l1); free(l2); free(xv); free(scratch); free(pos); free(none);
+}
+
+/* Several sequences' rows in one draft step (see head_seqs); cos, sin (R, hd). */
+void head_step_seqs(const Head *h, int nseq, const Seq *seqs, int R, const elem *state, const elem *emb,
+                    const elem *cos, const elem *sin, const Mat *w_vocab, int V1, const elem *w_extra, int E,
+                    elem *state_out, float *logits, int nthreads) {
+    head_seqs(h, nseq, seqs, R, state, emb, cos, sin, w_vocab, V1, w_extra, E, state_out, logits, nthreads);
 }

@@ -31,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,6 +71,12 @@ class _Model(ctypes.Structure):
     ]
 
 
+class _Seq(ctypes.Structure):
+    """One sequence's share of a batched call (fused.c's Seq): its rows, its cache, its tree."""
+    _fields_ = [(n, ctypes.c_int) for n in ("row0", "T", "start", "S")] + [
+        (n, _P) for n in ("keys", "values", "nanc", "anc")]
+
+
 class _Head(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int) for n in ("D", "H", "Hk", "hd", "M", "n_blocks")] + [
         ("eps", ctypes.c_float), ("final_eps", ctypes.c_float)] + [
@@ -90,15 +97,18 @@ def _library(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, b
     so.fused_forward.argtypes = [ctypes.POINTER(_Model), _P, ctypes.c_int, ctypes.c_int, _P, _P, _P, _P, _P,
                                  ctypes.c_int, _P, _P, ctypes.c_int, _P, ctypes.c_int]
     so.fused_forward.restype = None
+    so.fused_forward_seqs.argtypes = [ctypes.POINTER(_Model), ctypes.c_int, ctypes.POINTER(_Seq), _P, ctypes.c_int, _P,
+                                      _P, _P, ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, ctypes.c_int]
+    so.fused_forward_seqs.restype = None
     so.fused_matmul.argtypes = [_P, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P, ctypes.c_int]
     so.fused_matmul.restype = None
     so.fused_qmatmul.argtypes = [_P, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P, ctypes.c_int]
     so.fused_qmatmul.restype = None
     so.fused_rows.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, _P]
     so.fused_rows.restype = None
-    so.head_step.argtypes = [ctypes.POINTER(_Head), ctypes.c_int] + [_P] * 6 + [ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P,
-                                                                 ctypes.c_int, _P, _P, ctypes.c_int]
-    so.head_step.restype = None
+    so.head_step_seqs.argtypes = [ctypes.POINTER(_Head), ctypes.c_int, ctypes.POINTER(_Seq), ctypes.c_int] + [_P] * 5 + [
+        ctypes.c_int, _P, ctypes.c_int, _P, _P, ctypes.c_int]
+    so.head_step_seqs.restype = None
     # AMX where the CPU has it (and MTPSPEC_AMX is not 0): once per process, so every forward
     # of the process runs the same matmul kernel
     want_amx = dtype == torch.bfloat16 and {"amx_tile", "amx_bf16"} <= set(native.cpuinfo("flags").split()) \
@@ -230,36 +240,72 @@ class FusedForward:
                  layout: TreeLayout | None, logits_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`Target.forward` once it has resolved its arguments (positions (T,), layout None for a
         chain, room in the cache): (logits (1, Tk, V) float32, hidden (1, T, F))."""
+        return self.many([SeqRows(input_ids, cache, positions, layout, logits_to_keep)], hidden_layers)[0]
+
+    def many(self, seqs: list[SeqRows], hidden_layers: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The rows of several sequences in one forward (`Target.forward_many`), each over its own
+        cache: per sequence (logits (1, Tk, V) float32, hidden (1, T, F)), what it would get alone."""
         tgt = self.target
         so = _loaded(tgt.dtype)[0]
         assert so is not None
-        T = int(input_ids.shape[1])
-        start = cache.length
-        if cache.has_planes or not (cache.keys.is_contiguous() and cache.values.is_contiguous()):
-            raise ValueError("the fused forward writes a plain contiguous cache (no tree planes)")
         dt = tgt.dtype
-        x = tgt.embed_tokens(input_ids)[0].to(dt).contiguous()  # (T, D): a fresh tensor, written in place
-        cos, sin = tgt.rope_table(positions[None], x)  # (1, T, hd) each
-        cos = cos[0].to(dt).contiguous()
-        sin = signed_sin(sin[0]).to(dt).contiguous()
-        pos = positions.to(torch.int32).contiguous()
-        # a tree: each row's ancestors and itself, (T,) counts and (T, T) rows in depth order
-        nanc, anc = (None, None) if layout is None else (layout.nanc, layout.anc)
+        for sq in seqs:
+            c = sq.cache
+            if c.has_planes or not (c.keys.is_contiguous() and c.values.is_contiguous()):
+                raise ValueError("the fused forward writes a plain contiguous cache (no tree planes)")
+        Ts = [int(sq.input_ids.shape[1]) for sq in seqs]
+        T = sum(Ts)
+        ids = torch.cat([sq.input_ids for sq in seqs], 1)  # (1, T)
+        x = tgt.embed_tokens(ids)[0].to(dt).contiguous()  # (T, D): a fresh tensor, written in place
+        cos_l, sin_l = [], []
+        for sq in seqs:  # each sequence's table as it would be computed alone
+            cos, sin = tgt.rope_table(sq.positions[None], x)  # (1, T_s, hd) each
+            cos_l.append(cos[0].to(dt))
+            sin_l.append(signed_sin(sin[0]).to(dt))
+        cos, sin = torch.cat(cos_l).contiguous(), torch.cat(sin_l).contiguous()  # (T, hd) each
+        pos = torch.cat([sq.positions for sq in seqs]).to(torch.int32).contiguous()
+        structs, keep, log_rows, row0 = (_Seq * len(seqs))(), [], [], 0
+        for i, (sq, Ts_i) in enumerate(zip(seqs, Ts)):
+            # a tree: each row's ancestors and itself, (T_s,) counts and (T_s, T_s) rows in depth order
+            nanc, anc = (None, None) if sq.layout is None else (sq.layout.nanc, sq.layout.anc)
+            keep += [nanc, anc]
+            c = sq.cache
+            structs[i] = _Seq(row0=row0, T=Ts_i, start=c.length, S=c.capacity, keys=c.keys.data_ptr(),
+                              values=c.values.data_ptr(), nanc=None if nanc is None else nanc.data_ptr(),
+                              anc=None if anc is None else anc.data_ptr())
+            Tk = sq.logits_to_keep or Ts_i
+            log_rows += range(row0 + Ts_i - Tk, row0 + Ts_i)
+            row0 += Ts_i
         n_feat = tgt.num_layers + 1
         want = sorted({i % n_feat for i in hidden_layers})
         fl = torch.tensor(want, dtype=torch.int32)
         feats = x.new_empty(len(want), T, x.shape[1])  # (nf, T, D)
-        Tk = logits_to_keep or T
-        logits = torch.empty(Tk, tgt.vocab_size, dtype=torch.float32)  # (Tk, V)
-        m = self.model
-        m.S, m.keys, m.values = cache.capacity, cache.keys.data_ptr(), cache.values.data_ptr()
-        so.fused_forward(ctypes.byref(m), x.data_ptr(), T, start, pos.data_ptr(),
-                         None if nanc is None else nanc.data_ptr(), None if anc is None else anc.data_ptr(),
-                         cos.data_ptr(), sin.data_ptr(), len(want), fl.data_ptr(), feats.data_ptr(),
-                         Tk, logits.data_ptr(), torch.get_num_threads())
-        cache.length = start + T
-        hidden = torch.cat([feats[want.index(i % n_feat)] for i in hidden_layers], -1)[None]  # (1, T, F)
-        return tgt.finish_logits(logits)[None], hidden
+        rows = torch.tensor(log_rows, dtype=torch.int32)
+        logits = torch.empty(len(log_rows), tgt.vocab_size, dtype=torch.float32)  # (sum Tk, V)
+        so.fused_forward_seqs(ctypes.byref(self.model), len(seqs), structs, x.data_ptr(), T, pos.data_ptr(),
+                              cos.data_ptr(), sin.data_ptr(), len(want), fl.data_ptr(), feats.data_ptr(),
+                              len(log_rows), rows.data_ptr(), logits.data_ptr(), torch.get_num_threads())
+        logits = tgt.finish_logits(logits)
+        out, row0, l0 = [], 0, 0
+        for sq, Ts_i in zip(seqs, Ts):
+            sq.cache.length += Ts_i
+            Tk = sq.logits_to_keep or Ts_i
+            hidden = torch.cat([feats[want.index(i % n_feat), row0:row0 + Ts_i] for i in hidden_layers], -1)[None]  # (1, T_s, F)
+            out.append((logits[l0:l0 + Tk][None], hidden))
+            row0, l0 = row0 + Ts_i, l0 + Tk
+        return out
+
+
+@dataclass(frozen=True)
+class SeqRows:
+    """One sequence's rows in a forward: (1, T) ids appended to `cache` at (T,) positions; a tree's
+    layout (None: a chain); logits for the last `logits_to_keep` rows (0: all)."""
+
+    input_ids: torch.Tensor
+    cache: KVCache
+    positions: torch.Tensor | None = None
+    layout: TreeLayout | None = None
+    logits_to_keep: int = 0
 
 
 def head_unsupported(head: MTPHead) -> str | None:
@@ -275,7 +321,7 @@ def head_unsupported(head: MTPHead) -> str | None:
 
 
 class FusedHead:
-    """`MTPHead.step` + `project` for the rows of one draft depth as one C call (`head_step` in
+    """`MTPHead.step` + `project` for the rows of one draft depth as one C call (`head_step_seqs` in
     fused.c): the same computation, rounded as a torch run in the target's dtype rounds it, up
     to the order of fp32 sums."""
 
@@ -318,6 +364,16 @@ class FusedHead:
         """(1, R, D) states, (1, R) tokens, all at one position with (hd,) rotary tables there ->
         the next states (1, R, D) and logits (R, V1 + E) over the draft vocabulary then `extra`
         (E, D) rows. R = 1 for a chain's step, a tree's frontier otherwise."""
+        R = int(tokens.shape[1])
+        return self.step_many(state, tokens, cos.expand(R, -1), sin_signed.expand(R, -1), [cache], [R], layer, extra)
+
+    def step_many(self, state: torch.Tensor, tokens: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+                  caches: list[KVCache], counts: list[int], layer: int,
+                  extra: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft step for the rows of several sequences (continuous batching): (1, R, D)
+        states, (1, R) tokens, (R, hd) rotary tables per row; the first counts[0] rows read
+        caches[0] (at its length), the next counts[1] caches[1], ... Returns the next states
+        (1, R, D) and logits (R, V1 + E), each row what it would be alone."""
         tgt = self.head.target
         dt = tgt.dtype
         so = _loaded(dt)[0]
@@ -329,14 +385,20 @@ class FusedHead:
         E = 0 if extra is None else int(extra.shape[0])
         if extra is not None:
             extra = extra.contiguous()
+        structs, row0 = (_Seq * len(caches))(), 0
+        for i, (c, n) in enumerate(zip(caches, counts)):
+            keys, values = c.keys[layer], c.values[layer]  # (Hk, S, hd): contiguous layers of the cache
+            structs[i] = _Seq(row0=row0, T=n, start=c.length, S=c.capacity, keys=keys.data_ptr(), values=values.data_ptr())
+            row0 += n
+        if row0 != R:
+            raise ValueError(f"{R} rows, but the sequences' counts add up to {row0}")
         V1 = self.V1
         out = torch.empty_like(state)
         logits = torch.empty(R, V1 + E, dtype=torch.float32)
-        keys, values = cache.keys[layer], cache.values[layer]  # (Hk, S, hd): contiguous layers of the cache
-        so.head_step(ctypes.byref(self.struct), R, state.data_ptr(), emb.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
-                     keys.data_ptr(), values.data_ptr(), cache.capacity, cache.length, ctypes.addressof(self.vocab), V1,
-                     None if extra is None else extra.data_ptr(), E, out.data_ptr(), logits.data_ptr(),
-                     torch.get_num_threads())
+        so.head_step_seqs(ctypes.byref(self.struct), len(caches), structs, R, state.data_ptr(), emb.data_ptr(),
+                          cos.data_ptr(), sin_signed.data_ptr(), ctypes.addressof(self.vocab), V1,
+                          None if extra is None else extra.data_ptr(), E, out.data_ptr(), logits.data_ptr(),
+                          torch.get_num_threads())
         return out, tgt.finish_logits(logits)
 
 

@@ -354,16 +354,61 @@ class MTPHead(nn.Module):
             else:
                 state = self.step(state, tok, cos_all[:, j:j + 1], sin_all[:, j:j + 1], keys, values, None)
                 logits = self.project(self.target.final_norm(state), extra)[:, 0]  # (1, V'')
-            if sampling.greedy:
-                idx = logits.argmax(-1)  # (1,)
-            else:
-                q_small = probs_from_logits(logits, sampling)  # (1, V'')
-                idx = sample(q_small, generator)
-                qs.append(self._to_full_vocab(q_small, ids))
-            tok = idx if ids is None else ids[idx]
-            tok = tok.view(1, 1)
-            drafted.append(tok)
-        tokens = torch.cat(drafted, dim=1).view(k) if drafted else torch.empty(0, dtype=torch.long)
+            tok = self._pick(logits, ids, sampling, generator, drafted, qs)
+        return self._draft(drafted, qs)
+
+    @torch.no_grad()
+    def propose_many(self, inps: list[DraftInput], ks: list[int], samplings: list[SamplingConfig],
+                     generators: list[torch.Generator | None]) -> list[Draft]:
+        """`propose` for several requests at once (continuous batching): each draft step runs the
+        rows of every request still drafting as one fused call; each request gets, bit for bit
+        and draw for draw from its own generator, the draft `propose` gives it alone. Where the
+        step does not run fused, or a round's vocabulary differs per request (`copy_context`),
+        the requests draft one after another."""
+        fast = self.fused_step()
+        if fast is None or len(inps) < 2 or self.copy_context:
+            return [self.propose(i, k, s, g) for i, k, s, g in zip(inps, ks, samplings, generators)]
+        n = len(inps)
+        states, toks, tables = [], [], []
+        for inp, k in zip(inps, ks):
+            state = self.initial_state(inp.hidden.unsqueeze(1))  # (1, 1, D)
+            L = inp.cache.length
+            cos, sin = self.rope(torch.arange(L, L + k, device=state.device).unsqueeze(0), state)  # (1, K, hd)
+            states.append(state)
+            toks.append(inp.tokens[:, -1:])  # (1, 1): the token at position L
+            tables.append((cos[0], signed_sin(sin[0])))  # (K, hd) each
+        ids = self.draft_ids  # the round's vocabulary: the same for every request without copy_context
+        drafted: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        qs: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        for j in range(max(ks, default=0)):
+            live = [i for i in range(n) if ks[i] > j]
+            out, logits = fast.step_many(torch.cat([states[i] for i in live], 1), torch.cat([toks[i] for i in live], 1),
+                                         torch.stack([tables[i][0][j] for i in live]),
+                                         torch.stack([tables[i][1][j] for i in live]),
+                                         [inps[i].cache for i in live], [1] * len(live), self.kv_layer)
+            for r, i in enumerate(live):  # (1, R, D), (R, V'')
+                states[i] = out[:, r:r + 1]
+                toks[i] = self._pick(logits[r:r + 1], ids, samplings[i], generators[i], drafted[i], qs[i])
+        return [self._draft(d, q) for d, q in zip(drafted, qs)]
+
+    def _pick(self, logits: torch.Tensor, ids: torch.Tensor | None, sampling: SamplingConfig,
+              generator: torch.Generator | None, drafted: list[torch.Tensor], qs: list[torch.Tensor]) -> torch.Tensor:
+        """One draft token from (1, V'') logits over `ids` (None: the whole vocabulary): the argmax,
+        or a draw whose full-vocabulary law is appended to `qs`. Appends the token (1, 1) to
+        `drafted` and returns it."""
+        if sampling.greedy:
+            idx = logits.argmax(-1)  # (1,)
+        else:
+            q_small = probs_from_logits(logits, sampling)  # (1, V'')
+            idx = sample(q_small, generator)
+            qs.append(self._to_full_vocab(q_small, ids))
+        tok = (idx if ids is None else ids[idx]).view(1, 1)
+        drafted.append(tok)
+        return tok
+
+    @staticmethod
+    def _draft(drafted: list[torch.Tensor], qs: list[torch.Tensor]) -> Draft:
+        tokens = torch.cat(drafted, dim=1).view(-1) if drafted else torch.empty(0, dtype=torch.long)
         return Draft(tokens=tokens, q=torch.cat(qs, 0) if qs else None)
 
     def fused_step(self) -> fused.FusedHead | None:

@@ -43,6 +43,7 @@ than the above gets its own adapter here, or is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from transformers import PreTrainedModel
 from ..errors import InputError, UnsupportedModelError
 from . import fused
 from .cache import SLOT_ALIGN, KVCache
+from .fused import SeqRows
 from .kernels import KernelPlan, attention, choose_plan, linear
 from .qmodules import QuantEmbedding, QuantLinear
 from .rope import apply_rope, apply_rope_signed, signed_sin
@@ -591,6 +593,37 @@ class Target:
             logits, hidden = run(input_ids, cache, hidden_layers, positions, layout, logits_to_keep)
             return TargetStep(logits=logits, hidden=hidden)
         return self._torch_forward(input_ids, cache, hidden_layers, positions, layout, logits_to_keep)
+
+    @torch.no_grad()
+    def forward_many(self, seqs: list[SeqRows], hidden_layers: tuple[int, ...] = (-1,)) -> list[TargetStep]:
+        """`forward` for the rows of several sequences at once (continuous batching), each
+        appended to its own cache: per sequence, bit for bit what `forward` returns for it alone.
+        The fused forward runs them as one call (each weight read once for all rows); the torch
+        engine runs them one after another. A `SeqRows` with positions None gets `forward`'s
+        default positions."""
+        resolved = []
+        for sq in seqs:
+            B, T = sq.input_ids.shape
+            if B != 1:
+                raise InputError(f"each sequence of forward_many is one sequence; got a batch of {B}.")
+            if sq.layout is not None and sq.layout.rows != T:
+                raise InputError(f"the tree layout has {sq.layout.rows} rows, but {T} tokens were given.")
+            start = sq.cache.length
+            positions = sq.positions
+            if positions is None:
+                positions = torch.arange(start, start + T) if sq.layout is None else sq.layout.positions(start)
+            layout = None if sq.layout is not None and sq.layout.is_chain else sq.layout
+            resolved.append(dataclasses.replace(sq, positions=positions.to(sq.input_ids.device), layout=layout))
+        if len({id(sq.cache) for sq in seqs}) != len(seqs):
+            raise InputError("forward_many: each sequence needs its own cache.")
+        self._refresh()
+        run = self._fused_forward()
+        if run is None or len(resolved) == 1:
+            return [self.forward(sq.input_ids, sq.cache, hidden_layers, sq.positions, None, sq.logits_to_keep, sq.layout)
+                    for sq in resolved]
+        for sq in resolved:
+            sq.cache.reserve(sq.cache.length + sq.input_ids.shape[1])
+        return [TargetStep(logits=lg, hidden=h) for lg, h in run.many(resolved, hidden_layers)]
 
     def _torch_forward(self, input_ids: torch.Tensor, cache: KVCache, hidden_layers: tuple[int, ...],
                        positions: torch.Tensor, layout: TreeLayout | None, logits_to_keep: int) -> TargetStep:

@@ -1,0 +1,193 @@
+"""Continuous batching: the rounds of many requests in one target forward, each request's output
+exactly what it would be decoded alone.
+
+A `Batch` holds requests (`Slot`s) that join at any time and leave when done or removed. Each
+`Batch.step` is one target forward (`Target.forward_many`) over the verify rows of the running
+requests (their last token and drafts) and chunks of the prompts still being prefilled; each
+request attends only its own cache. The MTP head drafts for every running request in one fused
+call per draft depth (`MTPHead.propose_many`).
+
+Why the outputs do not depend on the company: the fused forward computes every row on its own
+(row invariance, `fused.c`), so a request's rows give, bit for bit, what its own verify pass or
+prefill gives alone, and a prompt prefilled in chunks gives what it gives in one piece. Every
+request keeps its own generator, drafter and acceptance rule, and its k is never changed by
+the load (when rows run short, whole requests wait a step instead, round robin), so a sampled
+request with a seed draws the same numbers in the same order as alone. The rows of one forward
+are capped (`BatchConfig.max_rows`, checked bit for bit by the tests); on a target that runs op
+by op (the torch engine) the sequences run one after another and prompts are not cut.
+
+Letters: R rows of one forward, k drafts of a request's round.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import AcceptanceConfig, SamplingConfig
+from ..errors import InputError
+from .decode import DecodeState, Round, Verify, conclude, finish_prefill, open_state, prepare, round_k
+from .draft import DraftInput, Drafter
+from .fused import SeqRows
+from .target import Target
+
+# Rows of one batched forward that the tests check bit for bit against one sequence alone.
+BATCH_ROWS_MAX = 64
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    # The most rows one target forward runs: the running requests' verify rows (k + 1 each)
+    # plus prompt chunks. At most BATCH_ROWS_MAX.
+    max_rows: int = 48
+    # Prompt rows a forward reserves while a prompt waits (the rest of max_rows goes to running
+    # requests; prompts also take whatever rows they leave).
+    prefill_rows: int = 16
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_rows <= BATCH_ROWS_MAX:
+            raise InputError(f"max_rows must be in 1..{BATCH_ROWS_MAX} (the rows per forward checked bit for bit), "
+                             f"got {self.max_rows}.")
+        if not 1 <= self.prefill_rows <= self.max_rows:
+            raise InputError(f"prefill_rows must be in 1..max_rows ({self.max_rows}), got {self.prefill_rows}.")
+
+
+@dataclass(eq=False)
+class Slot:
+    """One request in a batch: its decode state, its own drafter and k; `prefilled` prompt rows
+    are in its cache (the prompt is done when it equals the prompt length)."""
+
+    state: DecodeState
+    drafter: Drafter | None
+    k: int
+    prefilled: int = 0
+    joined_s: float = field(default_factory=time.perf_counter)
+
+    @property
+    def running(self) -> bool:
+        """Prefilled and not done: it takes part in decode rounds."""
+        return self.prefilled == self.state.prompt_length and not self.state.done
+
+    @property
+    def done(self) -> bool:
+        return self.state.done
+
+
+class Batch:
+    """Requests decoded together, one target forward per `step` (see the module's docstring).
+    Not thread-safe: one owner calls `add`, `remove` and `step`."""
+
+    def __init__(self, target: Target, config: BatchConfig | None = None):
+        self.target = target
+        self.config = config or BatchConfig()
+        self.slots: list[Slot] = []  # in arrival order
+        self._turn = 0  # round robin: the running request that goes first next step
+
+    def add(self, input_ids: torch.Tensor, max_new_tokens: int = 128, drafter: Drafter | None = None, k: int = 0,
+            sampling: SamplingConfig | None = None, eos_token_id: int | Sequence[int] | None = None,
+            acceptance: AcceptanceConfig | str | None = None) -> Slot:
+        """A request joins: checked and given its own cache now, prefilled by the next steps.
+        `drafter` is the request's own (a stateless one such as an `MTPHead` may be shared;
+        one that adapts per round, a tree or switch drafter, should be built per request)."""
+        if drafter is None:
+            k = 0
+        if k + 1 > self.config.max_rows:
+            raise InputError(f"a round of k = {k} needs {k + 1} rows; this batch runs at most {self.config.max_rows} per forward.")
+        layers = drafter.hidden_layers if drafter is not None and k > 0 else (-1,)
+        state = open_state(self.target, input_ids, max_new_tokens, layers, sampling, eos_token_id, k, acceptance)
+        round_k(state, drafter, k)  # refuses a k the kernels were not checked for, before the request joins
+        slot = Slot(state=state, drafter=drafter, k=k)
+        self.slots.append(slot)
+        return slot
+
+    def remove(self, slot: Slot) -> None:
+        """A request leaves (done, or cancelled): its cache is freed with it."""
+        self.slots.remove(slot)
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    @property
+    def rows_last(self) -> int:
+        """Rows of the last step's forward (0 before the first)."""
+        return getattr(self, "_rows_last", 0)
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[Slot, Round]]:
+        """One target forward for as many requests as its rows allow: each running request chosen
+        gets one round (draft, verify, accept), each prompt chosen a chunk. Returns the rounds
+        emitted, in slot order: a prefilled request's first token arrives as its first round."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        running = [s for s in self.slots if s.running]
+        waiting = [s for s in self.slots if s.prefilled < s.state.prompt_length]
+        # 1. Choose the running requests, round robin, while their rows fit
+        budget = cfg.max_rows - (cfg.prefill_rows if waiting else 0)
+        order = running[self._turn % len(running):] + running[: self._turn % len(running)] if running else []
+        chosen: list[tuple[Slot, int]] = []
+        used = 0
+        for s in order:
+            k = round_k(s.state, s.drafter, s.k)
+            if used + k + 1 > budget and chosen:
+                continue
+            chosen.append((s, k))
+            used += k + 1
+        self._turn += len(chosen)
+        # 2. Prompt chunks in arrival order, with the rows left (a target run op by op: whole prompts)
+        fused = self.target.engine == "fused"
+        chunks: list[tuple[Slot, int]] = []
+        left = max(cfg.max_rows - used, 0)
+        for s in waiting:
+            rest = s.state.prompt_length - s.prefilled
+            n = min(rest, left) if fused else rest
+            if n <= 0 or (not fused and chunks):
+                break
+            chunks.append((s, n))
+            left -= n
+        # 3. Draft: the MTP heads' chains for all their requests at once, the others one by one
+        verifies = self._draft(chosen)
+        t1 = time.perf_counter()
+        # 4. One forward over every sequence's rows (grouped by the features their drafters read)
+        seqs: list[tuple[Slot, SeqRows]] = [(s, SeqRows(v.rows, s.state.cache, layout=v.layout)) for (s, _), v in
+                                            zip(chosen, verifies)]
+        seqs += [(s, SeqRows(s.state.tokens[:, s.prefilled:s.prefilled + n], s.state.cache, logits_to_keep=1))
+                 for s, n in chunks]
+        self._rows_last = sum(int(sq.input_ids.shape[1]) for _, sq in seqs)
+        outs = {}
+        for layers in dict.fromkeys(s.state.hidden_layers for s, _ in seqs):
+            group = [(s, sq) for s, sq in seqs if s.state.hidden_layers == layers]
+            for (s, _), out in zip(group, self.target.forward_many([sq for _, sq in group], layers)):
+                outs[id(s)] = out
+        t2 = time.perf_counter()
+        # 5. Accept and roll back per request; finished prompts pick their first token
+        emitted: dict[int, Round] = {}
+        for (s, _), v in zip(chosen, verifies):
+            emitted[id(s)] = conclude(s.state, s.drafter, v, outs[id(s)], t1 - t0, t2 - t1)
+        for s, n in chunks:
+            s.prefilled += n
+            if s.prefilled == s.state.prompt_length:
+                emitted[id(s)] = finish_prefill(s.state, outs[id(s)])
+                s.state.stats.prefill_s = time.perf_counter() - s.joined_s
+            else:
+                s.state.stats.target_forwards += 1
+        return [(s, emitted[id(s)]) for s in self.slots if id(s) in emitted]
+
+    def _draft(self, chosen: list[tuple[Slot, int]]) -> list[Verify]:
+        """Each chosen request's round, drafted: requests whose drafter has `propose_many` (an MTP
+        head's chain) draft together, one call per drafter; the others one by one."""
+        drafts: dict[int, object] = {}
+        together: dict[int, list[tuple[Slot, int]]] = {}
+        for s, k in chosen:
+            if k > 0 and hasattr(s.drafter, "propose_many"):
+                together.setdefault(id(s.drafter), []).append((s, k))
+        for group in together.values():
+            drafter = group[0][0].drafter
+            got = drafter.propose_many([DraftInput(s.state.tokens, s.state.hidden, s.state.cache) for s, _ in group],  # type: ignore[union-attr]
+                                       [k for _, k in group], [s.state.sampling for s, _ in group],
+                                       [s.state.generator for s, _ in group])
+            for (s, _), d in zip(group, got):
+                drafts[id(s)] = d
+        return [prepare(s.drafter, s.state, k, drafts.get(id(s))) for s, k in chosen]  # type: ignore[arg-type]
