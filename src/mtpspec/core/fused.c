@@ -88,6 +88,11 @@ static inline __m512 vexp(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* Quantized weights, by the rows of a pass (measured on SmolLM2's Q4_1 / Q8_0 matrices, AMD EPYC Zen 4,
+ * 2 cores: reports/batching): up to 4 rows four weight rows at a time (qdot_block); 5..NRW rows two
+ * weight rows at a time (qdot_wide: 8 rows 11.8 instead of 14.9 ms a forward); more rows
+ * dequantize each block of weight rows once into wb and run dot_block over it. */
+#define WIDE_ROWS_MIN 4
 #define NRMAX 6     /* rows per block: NRMAX x 4 accumulators + 4 weight vectors + 1 row vector <= 32 registers */
 #define PF_BLOCKS 2 /* prefetch the weight rows this many blocks ahead, to L1 (measured: 1-8 blocks alike in bf16; in fp32
                      * 4 blocks to L2 sped 9 rows up but slowed one row, reports/fused/fused-v3) */
@@ -306,12 +311,54 @@ static inline __attribute__((always_inline)) void qdot_block(const elem *const *
     for (int i = 0; i < NR; i++) reduce4(acc[i], y + (size_t)(r0 + i) * O + o0, no);
 }
 
+/* qdot_block for up to NRW rows against 2 weight rows (NRW x 2 accumulators + 2 weight vectors + 1
+ * row vector <= 32 registers): each dequantized weight vector serves twice as many rows. Every
+ * output is the same chain as in qdot_block (and dot_block over the dequantized rows), reduced by
+ * the same tree (reduce4), so which kernel runs never changes a value. */
+#define NRW 12
+static inline __attribute__((always_inline)) void qdot_wide(const elem *const *xr, const uint8_t *const *wr, long rb, int I,
+                                                             float *y, int O, int r0, int o0, int no, const int NR, const int qt) {
+    __m512 acc[NRW][2];
+#pragma GCC unroll 12
+    for (int i = 0; i < NR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    const int G = I / 32;
+    const long pf = (long)PF_BLOCKS * 4 * rb, gb = rb / G;
+    for (int g = 0; g < G; g++) {
+        _mm_prefetch((const char *)(wr[0] + pf + g * gb), _MM_HINT_T0);
+        _mm_prefetch((const char *)(wr[1] + pf + g * gb), _MM_HINT_T0);
+#ifdef FUSED_F32
+        __m512 lo[2], hi[2];
+        deq32_f32(wr[0], qt, g, &lo[0], &hi[0]);
+        deq32_f32(wr[1], qt, g, &lo[1], &hi[1]);
+#pragma GCC unroll 12
+        for (int i = 0; i < NR; i++) {
+            const __m512 x0 = ldf(xr[i] + 32 * g, 16), x1 = ldf(xr[i] + 32 * g + 16, 16);
+            acc[i][0] = _mm512_fmadd_ps(hi[0], x1, _mm512_fmadd_ps(lo[0], x0, acc[i][0]));
+            acc[i][1] = _mm512_fmadd_ps(hi[1], x1, _mm512_fmadd_ps(lo[1], x0, acc[i][1]));
+        }
+#else
+        const kvec w0 = deq32_bf16(wr[0], qt, g), w1 = deq32_bf16(wr[1], qt, g);
+#pragma GCC unroll 12
+        for (int i = 0; i < NR; i++) {
+            const kvec xv = ldk(xr[i] + 32 * g, 32);
+            acc[i][0] = dotk(acc[i][0], w0, xv);
+            acc[i][1] = dotk(acc[i][1], w1, xv);
+        }
+#endif
+    }
+#pragma GCC unroll 12
+    for (int i = 0; i < NR; i++) {
+        const __m512 a[4] = {acc[i][0], acc[i][1], _mm512_setzero_ps(), _mm512_setzero_ps()};
+        reduce4(a, y + (size_t)(r0 + i) * O + o0, no);
+    }
+}
+
 /* one KSTEP of dot_block: n < KSTEP only at the tail, so the main loop's masks are constants */
 #define DOT_STEP(k, n)                                                                                 \
     do {                                                                                               \
         kvec wv[4];                                                                                    \
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) wv[j] = ldk(wr[j] + (k), (n));            \
-        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)                                           \
+        if (PF) _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)                                   \
             _mm_prefetch((const char *)(wr[j] + (size_t)PF_BLOCKS * 4 * I + (k)), _MM_HINT_T0);        \
         _Pragma("GCC unroll 6") for (int i = 0; i < NR; i++) {                                        \
             const kvec xv = ldk(xr[i] + (k), (n));                                                     \
@@ -321,7 +368,7 @@ static inline __attribute__((always_inline)) void qdot_block(const elem *const *
 
 /* y[r0 + i][o0 + j] = x row i . w row j for NR rows and no <= 4 outputs: one dpbf16 (fp32: FMA) chain each. */
 static inline __attribute__((always_inline)) void dot_block(const elem *const *xr, const elem *const *wr, int I,
-                                                             float *y, int O, int r0, int o0, int no, const int NR) {
+                                                             float *y, int O, int r0, int o0, int no, const int NR, const int PF) {
     __m512 acc[NRMAX][4];
 #pragma GCC unroll 6
     for (int i = 0; i < NR; i++)
@@ -347,6 +394,21 @@ static inline __attribute__((always_inline)) void dot_block(const elem *const *x
         case 4: CALL(4); break;                           \
         case 5: CALL(5); break;                           \
         default: CALL(6); break;                          \
+    }
+#define NRW_SWITCH(CALL)                                  \
+    switch (R - r0 < NRW ? R - r0 : NRW) {                \
+        case 1: CALL(1); break;                           \
+        case 2: CALL(2); break;                           \
+        case 3: CALL(3); break;                           \
+        case 4: CALL(4); break;                           \
+        case 5: CALL(5); break;                           \
+        case 6: CALL(6); break;                           \
+        case 7: CALL(7); break;                           \
+        case 8: CALL(8); break;                           \
+        case 9: CALL(9); break;                           \
+        case 10: CALL(10); break;                         \
+        case 11: CALL(11); break;                         \
+        default: CALL(12); break;                         \
     }
 /* A quantized block's 4 rows dequantized into wb (4, I) in the element type: for a pass of more
  * than NRMAX rows, whose row chunks would each dequantize them again. dot_block over wb runs
@@ -380,7 +442,7 @@ static void matmul_dp(const elem *x, int R, int I, const Mat *w, int O, float *y
     int nb[3] = {0, 0, 0}, blocks = 0, quantized = 0;
     for (int p = 0; p < w->nparts; p++) blocks += nb[p] = (w->part[p].rows + 3) / 4, quantized |= w->part[p].type != Q_DENSE;
     /* this thread's block of dequantized rows, for passes of more than NRMAX rows */
-    elem *wb = quantized && R > NRMAX ? malloc(sizeof(elem) * 4 * (size_t)I) : NULL;
+    elem *wb = quantized && R > NRW ? malloc(sizeof(elem) * 4 * (size_t)I) : NULL;
 #pragma omp for schedule(static)
     for (int b = 0; b < blocks; b++) {
         int p = 0, ob = b, o_part = 0; /* the block's part, its index there, the part's first output */
@@ -389,6 +451,39 @@ static void matmul_dp(const elem *x, int R, int I, const Mat *w, int O, float *y
         const int o0 = ob * 4, no = P->rows - o0 < 4 ? P->rows - o0 : 4, qt = P->type;
         const uint8_t *wr[4];
         for (int j = 0; j < 4; j++) wr[j] = (const uint8_t *)P->data + (size_t)(o0 + (j < no ? j : 0)) * P->row_bytes;
+        if (qt != Q_DENSE && R > WIDE_ROWS_MIN && !wb) { /* rows in chunks of NRW, weight rows in pairs */
+            for (int r0 = 0; r0 < R; r0 += NRW) {
+                const elem *xr[NRW];
+                for (int i = 0; i < NRW; i++) xr[i] = x + (size_t)(r0 + (r0 + i < R ? i : 0)) * I;
+                for (int j0 = 0; j0 < no; j0 += 2) {
+                    const uint8_t *w2[2] = {wr[j0], wr[j0 + 1 < no ? j0 + 1 : j0]};
+                    const int n2 = no - j0 < 2 ? no - j0 : 2;
+#define WIDE(nr, t) qdot_wide(xr, w2, P->row_bytes, I, y, O, r0, o_part + o0 + j0, n2, nr, t)
+#define W40(nr) WIDE(nr, Q_4_0)
+#define W41(nr) WIDE(nr, Q_4_1)
+#define W80(nr) WIDE(nr, Q_8_0)
+#define W4K(nr) WIDE(nr, Q_4_K)
+#define W5K(nr) WIDE(nr, Q_5_K)
+#define W6K(nr) WIDE(nr, Q_6_K)
+                    switch (qt) {
+                        case Q_4_0: NRW_SWITCH(W40); break;
+                        case Q_4_1: NRW_SWITCH(W41); break;
+                        case Q_8_0: NRW_SWITCH(W80); break;
+                        case Q_4_K: NRW_SWITCH(W4K); break;
+                        case Q_5_K: NRW_SWITCH(W5K); break;
+                        default: NRW_SWITCH(W6K); break;
+                    }
+#undef WIDE
+#undef W40
+#undef W41
+#undef W80
+#undef W4K
+#undef W5K
+#undef W6K
+                }
+            }
+            continue;
+        }
         const elem *wd[4];
         int qt_run = qt; /* the kernel this block runs: quantized, or dense over wb */
         if (wb && qt != Q_DENSE) {
@@ -400,7 +495,8 @@ static void matmul_dp(const elem *x, int R, int I, const Mat *w, int O, float *y
         for (int r0 = 0; r0 < R; r0 += NRMAX) {
             const elem *xr[NRMAX];
             for (int i = 0; i < NRMAX; i++) xr[i] = x + (size_t)(r0 + (r0 + i < R ? i : 0)) * I;
-#define DENSE(nr) dot_block(xr, wd, I, y, O, r0, o_part + o0, no, nr)
+#define DENSE(nr) dot_block(xr, wd, I, y, O, r0, o_part + o0, no, nr, 1)
+#define DEQUANTIZED(nr) dot_block(xr, wd, I, y, O, r0, o_part + o0, no, nr, 0) /* wb: in L1, nothing to prefetch */
 #define QUANT(nr, t) qdot_block(xr, wr, P->row_bytes, I, y, O, r0, o_part + o0, no, nr, t)
 #define Q40(nr) QUANT(nr, Q_4_0)
 #define Q41(nr) QUANT(nr, Q_4_1)
@@ -409,7 +505,13 @@ static void matmul_dp(const elem *x, int R, int I, const Mat *w, int O, float *y
 #define Q5K(nr) QUANT(nr, Q_5_K)
 #define Q6K(nr) QUANT(nr, Q_6_K)
             switch (qt_run) {
-                case Q_DENSE: NR_SWITCH(DENSE); break;
+                case Q_DENSE:
+                    if (qt == Q_DENSE) {
+                        NR_SWITCH(DENSE);
+                    } else {
+                        NR_SWITCH(DEQUANTIZED);
+                    }
+                    break;
                 case Q_4_0: NR_SWITCH(Q40); break;
                 case Q_4_1: NR_SWITCH(Q41); break;
                 case Q_8_0: NR_SWITCH(Q80); break;
@@ -418,6 +520,7 @@ static void matmul_dp(const elem *x, int R, int I, const Mat *w, int O, float *y
                 default: NR_SWITCH(Q6K); break;
             }
 #undef DENSE
+#undef DEQUANTIZED
 #undef QUANT
 #undef Q40
 #undef Q41
@@ -738,150 +841,192 @@ static inline void amx_scores16(const bf16 *kb, int kstride, const bf16 *qv, int
  * tasks per thread. Every (row, head) computes exactly what it computes alone, whatever the
  * chunk: each score is one chain over hd, each value sum one FMA chain per lane over the row's
  * slots in slot order. */
-static void attend(const elem *K, const elem *Vv, int S, int H, int Hk, int hd, float scale, int win,
-                   int T, int start, const int *pos, const int *nanc, const int *anc,
-                   const elem *q, elem *out, float *scratch) {
+/* One sequence's attention as attend_tasks reads it: its layer of the cache K, Vv (Hk, S, hd), its
+ * T rows at `start` (pos, nanc, anc as below), their queries q (T, H, hd) and outputs (T, H * hd),
+ * and qc, the queries a task takes. */
+typedef struct {
+    const elem *K, *Vv;
+    int S, T, start, qc;
+    const int *pos, *nanc, *anc;
+    const elem *q;
+    elem *out;
+} Att;
+
+/* The queries of one task: key/value head hk, queries c * qc .. of sequence A (see attend). */
+static inline void attend_task(const Att *A, int H, int Hk, int hd, float scale, int win, int hk, int c, float *scratch) {
+    const elem *K = A->K, *Vv = A->Vv, *q = A->q;
+    elem *out = A->out;
+    const int S = A->S, T = A->T, start = A->start, qc = A->qc;
+    const int *pos = A->pos, *nanc = A->nanc, *anc = A->anc;
     const int g = H / Hk, QN = T * g, n_old = start;
-    int qc = QN < 16 ? QN : 16;
-    while (qc > 1 && Hk * ((QN + qc - 1) / qc) < 2 * omp_get_num_threads()) qc = (qc + 1) / 2;
-    const int nqc = (QN + qc - 1) / qc;
 #ifndef FUSED_F32
     const int amx = use_amx && hd % 32 == 0 && hd <= 256;
 #endif
-#pragma omp for schedule(static) collapse(2)
-    for (int hk = 0; hk < Hk; hk++) {
-        for (int c = 0; c < nqc; c++) {
-            const int q0 = c * qc, nq = QN - q0 < qc ? QN - q0 : qc; /* queries q0 .. q0 + nq - 1 */
-            float *sc = scratch + (size_t)omp_get_thread_num() * ATTEND_SCRATCH(S); /* nq x (S + 16) scores */
-            float *oacc = sc + (size_t)16 * (S + 16);                                /* nq x 256 value sums */
-            float *vbuf = oacc + 16 * 256;                                           /* 32 x 256 widened values */
-            float *tile = vbuf + 32 * 256;                                           /* 16 x 16 tile results */
-            (void)tile;
-            const elem *kh = K + (size_t)hk * S * hd, *vh = Vv + (size_t)hk * S * hd;
-            int rowq[16], nslots[16];
-            for (int j = 0; j < nq; j++) {
-                rowq[j] = (q0 + j) / g;
-                nslots[j] = n_old + (anc ? nanc[rowq[j]] : rowq[j] + 1);
-            }
+    {
+        const int q0 = c * qc, nq = QN - q0 < qc ? QN - q0 : qc; /* queries q0 .. q0 + nq - 1 */
+        float *sc = scratch; /* this thread's: nq x (S + 16) scores */
+        float *oacc = sc + (size_t)16 * (S + 16);                                /* nq x 256 value sums */
+        float *vbuf = oacc + 16 * 256;                                           /* 32 x 256 widened values */
+        float *tile = vbuf + 32 * 256;                                           /* 16 x 16 tile results */
+        (void)tile;
+        const elem *kh = K + (size_t)hk * S * hd, *vh = Vv + (size_t)hk * S * hd;
+        int rowq[16], nslots[16];
+        for (int j = 0; j < nq; j++) {
+            rowq[j] = (q0 + j) / g;
+            nslots[j] = n_old + (anc ? nanc[rowq[j]] : rowq[j] + 1);
+        }
 #define QPTR(j) (q + ((size_t)rowq[j] * H + hk * g + (q0 + (j)) % g) * hd)
 #define SLOT(r, i) ((i) < n_old ? (i) : start + (anc ? anc[(r) * T + ((i) - n_old)] : (i) - n_old))
-            /* scores, fp32; masked slots get -inf */
+        /* scores, fp32; masked slots get -inf */
 #ifndef FUSED_F32
-            if (amx) {
-                bf16 *qv = (bf16 *)(tile + 16 * 16), *kg = qv + (size_t)hd * 16; /* [hd / 2][nq][2]; 16 x hd gathered keys */
-                for (int k2 = 0; k2 < hd / 2; k2++)
-                    for (int j = 0; j < nq; j++) {
-                        qv[((size_t)k2 * nq + j) * 2] = QPTR(j)[2 * k2];
-                        qv[((size_t)k2 * nq + j) * 2 + 1] = QPTR(j)[2 * k2 + 1];
-                    }
-                TileConfig cfg;
-                memset(&cfg, 0, sizeof cfg);
-                cfg.palette = 1;
-                cfg.rows[0] = 16; cfg.colsb[0] = nq * 4; /* scores: 16 slots x nq queries */
-                cfg.rows[1] = 16; cfg.colsb[1] = 64;     /* 16 key rows x 32 of hd */
-                cfg.rows[2] = 16; cfg.colsb[2] = nq * 4; /* 16 pairs of hd x nq queries */
-                _tile_loadconfig(&cfg);
-                const int rmax = rowq[nq - 1];
-                const __m512i cols = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(nq));
-                const __m512 vscale = _mm512_set1_ps(scale);
-                for (int i0 = 0; i0 < n_old + T; i0 += 16) {
-                    /* slots i0 .. i0 + 15 of each row's list: shared while all are committed */
-                    if (i0 + 16 <= n_old) {
-                        amx_scores16(kh + (size_t)i0 * hd, hd, qv, nq, hd, tile);
-                        for (int j = 0; j < nq; j++) /* column j of the tile: query j's 16 scores */
-                            _mm512_storeu_ps(sc + (size_t)j * (S + 16) + i0,
-                                             _mm512_mul_ps(_mm512_i32gather_ps(_mm512_add_epi32(cols, _mm512_set1_epi32(j)), tile, 4), vscale));
-                        continue;
-                    }
-                    for (int r = rowq[0]; r <= rmax; r++) { /* a block that reaches a row's own rows: that row's keys */
-                        const int nr = n_old + (anc ? nanc[r] : r + 1);
-                        if (i0 >= nr) continue;
-                        const int cnt = nr - i0 < 16 ? nr - i0 : 16;
-                        for (int i = 0; i < 16; i++) {
-                            if (i < cnt) memcpy(kg + (size_t)i * hd, kh + (size_t)SLOT(r, i0 + i) * hd, sizeof(bf16) * hd);
-                            else memset(kg + (size_t)i * hd, 0, sizeof(bf16) * hd);
-                        }
-                        amx_scores16(kg, hd, qv, nq, hd, tile);
-                        for (int j = 0; j < nq; j++)
-                            if (rowq[j] == r)
-                                for (int i = 0; i < cnt; i++) sc[(size_t)j * (S + 16) + i0 + i] = tile[i * nq + j] * scale;
-                    }
+        if (amx) {
+            bf16 *qv = (bf16 *)(tile + 16 * 16), *kg = qv + (size_t)hd * 16; /* [hd / 2][nq][2]; 16 x hd gathered keys */
+            for (int k2 = 0; k2 < hd / 2; k2++)
+                for (int j = 0; j < nq; j++) {
+                    qv[((size_t)k2 * nq + j) * 2] = QPTR(j)[2 * k2];
+                    qv[((size_t)k2 * nq + j) * 2 + 1] = QPTR(j)[2 * k2 + 1];
                 }
-                _tile_release();
-            } else
+            TileConfig cfg;
+            memset(&cfg, 0, sizeof cfg);
+            cfg.palette = 1;
+            cfg.rows[0] = 16; cfg.colsb[0] = nq * 4; /* scores: 16 slots x nq queries */
+            cfg.rows[1] = 16; cfg.colsb[1] = 64;     /* 16 key rows x 32 of hd */
+            cfg.rows[2] = 16; cfg.colsb[2] = nq * 4; /* 16 pairs of hd x nq queries */
+            _tile_loadconfig(&cfg);
+            const int rmax = rowq[nq - 1];
+            const __m512i cols = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(nq));
+            const __m512 vscale = _mm512_set1_ps(scale);
+            for (int i0 = 0; i0 < n_old + T; i0 += 16) {
+                /* slots i0 .. i0 + 15 of each row's list: shared while all are committed */
+                if (i0 + 16 <= n_old) {
+                    amx_scores16(kh + (size_t)i0 * hd, hd, qv, nq, hd, tile);
+                    for (int j = 0; j < nq; j++) /* column j of the tile: query j's 16 scores */
+                        _mm512_storeu_ps(sc + (size_t)j * (S + 16) + i0,
+                                         _mm512_mul_ps(_mm512_i32gather_ps(_mm512_add_epi32(cols, _mm512_set1_epi32(j)), tile, 4), vscale));
+                    continue;
+                }
+                for (int r = rowq[0]; r <= rmax; r++) { /* a block that reaches a row's own rows: that row's keys */
+                    const int nr = n_old + (anc ? nanc[r] : r + 1);
+                    if (i0 >= nr) continue;
+                    const int cnt = nr - i0 < 16 ? nr - i0 : 16;
+                    for (int i = 0; i < 16; i++) {
+                        if (i < cnt) memcpy(kg + (size_t)i * hd, kh + (size_t)SLOT(r, i0 + i) * hd, sizeof(bf16) * hd);
+                        else memset(kg + (size_t)i * hd, 0, sizeof(bf16) * hd);
+                    }
+                    amx_scores16(kg, hd, qv, nq, hd, tile);
+                    for (int j = 0; j < nq; j++)
+                        if (rowq[j] == r)
+                            for (int i = 0; i < cnt; i++) sc[(size_t)j * (S + 16) + i0 + i] = tile[i * nq + j] * scale;
+                }
+            }
+            _tile_release();
+        } else
 #endif
-            {
-                const int full = n_old / 16 * 16; /* blocks of 16 committed slots: shared by the chunk's queries */
-                for (int i0 = 0; i0 < full; i0 += 16)
-                    for (int j = 0; j < nq;) {
-                        const elem *qj[4];
-                        float *sj[4];
-                        const int NQ = nq - j >= 4 ? 4 : nq - j >= 2 ? 2 : 1;
-                        for (int t = 0; t < NQ; t++) qj[t] = QPTR(j + t), sj[t] = sc + (size_t)(j + t) * (S + 16) + i0;
-                        if (NQ == 4) scores_shared(kh + (size_t)i0 * hd, qj, hd, scale, sj, 4);
-                        else if (NQ == 2) scores_shared(kh + (size_t)i0 * hd, qj, hd, scale, sj, 2);
-                        else scores_shared(kh + (size_t)i0 * hd, qj, hd, scale, sj, 1);
-                        j += NQ;
-                    }
-                for (int j = 0; j < nq; j++) { /* the rest: each row's own list */
-                    const int r = rowq[j], n = nslots[j];
-                    for (int i0 = full; i0 < n; i0 += 16) {
-                        const int cnt = n - i0 < 16 ? n - i0 : 16;
-                        const elem *kp[16];
-                        for (int i = 0; i < 16; i++) kp[i] = kh + (size_t)SLOT(r, i0 + (i < cnt ? i : 0)) * hd;
-                        scores16(kp, QPTR(j), hd, scale, sc + (size_t)j * (S + 16) + i0, cnt);
-                    }
+        {
+            const int full = n_old / 16 * 16; /* blocks of 16 committed slots: shared by the chunk's queries */
+            for (int i0 = 0; i0 < full; i0 += 16)
+                for (int j = 0; j < nq;) {
+                    const elem *qj[4];
+                    float *sj[4];
+                    const int NQ = nq - j >= 4 ? 4 : nq - j >= 2 ? 2 : 1;
+                    for (int t = 0; t < NQ; t++) qj[t] = QPTR(j + t), sj[t] = sc + (size_t)(j + t) * (S + 16) + i0;
+                    if (NQ == 4) scores_shared(kh + (size_t)i0 * hd, qj, hd, scale, sj, 4);
+                    else if (NQ == 2) scores_shared(kh + (size_t)i0 * hd, qj, hd, scale, sj, 2);
+                    else scores_shared(kh + (size_t)i0 * hd, qj, hd, scale, sj, 1);
+                    j += NQ;
                 }
-            }
-            for (int j = 0; j < nq; j++) {
+            for (int j = 0; j < nq; j++) { /* the rest: each row's own list */
                 const int r = rowq[j], n = nslots[j];
-                float *s = sc + (size_t)j * (S + 16);
-                const int lo = win > 0 && pos[r] - win + 1 > 0 ? pos[r] - win + 1 : 0; /* first visible position */
-                for (int i = 0; lo > 0 && i < n; i++)
-                    if ((i < n_old ? i : pos[anc ? anc[r * T + (i - n_old)] : i - n_old]) < lo) s[i] = -INFINITY;
-                /* softmax over the n scores in 16-lane steps (the tail masked: -inf -> 0) */
-                __m512 mx = _mm512_set1_ps(-INFINITY);
-                for (int i = 0; i < n; i += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m16(n - i), s + i));
-                const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-                __m512 sum = _mm512_setzero_ps();
-                for (int i = 0; i < n; i += 16) {
-                    const __mmask16 mk = m16(n - i);
-                    const __m512 ex = _mm512_maskz_mov_ps(mk, vexp(_mm512_sub_ps(_mm512_mask_loadu_ps(vmax, mk, s + i), vmax)));
-                    _mm512_mask_storeu_ps(s + i, mk, ex);
-                    sum = _mm512_add_ps(sum, ex);
+                for (int i0 = full; i0 < n; i0 += 16) {
+                    const int cnt = n - i0 < 16 ? n - i0 : 16;
+                    const elem *kp[16];
+                    for (int i = 0; i < 16; i++) kp[i] = kh + (size_t)SLOT(r, i0 + (i < cnt ? i : 0)) * hd;
+                    scores16(kp, QPTR(j), hd, scale, sc + (size_t)j * (S + 16) + i0, cnt);
                 }
-                const __m512 vinv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
-                for (int i = 0; i < n; i += 16) _mm512_mask_storeu_ps(s + i, m16(n - i), _mm512_mul_ps(ldf(s + i, n - i), vinv));
-                memset(oacc + (size_t)j * 256, 0, sizeof(float) * hd);
             }
-            /* the value sums in slot order: committed slots in blocks of 32 widened once for all
-             * the chunk's queries, then each row's own slots; hd <= 256 */
-            for (int i0 = 0; i0 < n_old; i0 += 32) {
-                const int cnt = n_old - i0 < 32 ? n_old - i0 : 32;
-                for (int i = 0; i < cnt; i++)
-                    for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(vbuf + (size_t)i * hd + d, ld16(vh + (size_t)(i0 + i) * hd + d, hd - d));
-                const float *pj[16];
-                float *oj[16];
-                for (int j = 0; j < nq; j++) pj[j] = sc + (size_t)j * (S + 16) + i0, oj[j] = oacc + (size_t)j * 256;
-                value_sum(pj, nq, cnt, vbuf, hd, oj);
+        }
+        for (int j = 0; j < nq; j++) {
+            const int r = rowq[j], n = nslots[j];
+            float *s = sc + (size_t)j * (S + 16);
+            const int lo = win > 0 && pos[r] - win + 1 > 0 ? pos[r] - win + 1 : 0; /* first visible position */
+            for (int i = 0; lo > 0 && i < n; i++)
+                if ((i < n_old ? i : pos[anc ? anc[r * T + (i - n_old)] : i - n_old]) < lo) s[i] = -INFINITY;
+            /* softmax over the n scores in 16-lane steps (the tail masked: -inf -> 0) */
+            __m512 mx = _mm512_set1_ps(-INFINITY);
+            for (int i = 0; i < n; i += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m16(n - i), s + i));
+            const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+            __m512 sum = _mm512_setzero_ps();
+            for (int i = 0; i < n; i += 16) {
+                const __mmask16 mk = m16(n - i);
+                const __m512 ex = _mm512_maskz_mov_ps(mk, vexp(_mm512_sub_ps(_mm512_mask_loadu_ps(vmax, mk, s + i), vmax)));
+                _mm512_mask_storeu_ps(s + i, mk, ex);
+                sum = _mm512_add_ps(sum, ex);
             }
-            for (int j = 0; j < nq; j++) {
-                const int r = rowq[j], cnt = nslots[j] - n_old;
-                for (int i0 = 0; i0 < cnt; i0 += 32) {
-                    const int m = cnt - i0 < 32 ? cnt - i0 : 32;
-                    for (int i = 0; i < m; i++)
-                        for (int d = 0; d < hd; d += 16)
-                            _mm512_storeu_ps(vbuf + (size_t)i * hd + d, ld16(vh + (size_t)SLOT(r, n_old + i0 + i) * hd + d, hd - d));
-                    const float *pj = sc + (size_t)j * (S + 16) + n_old + i0;
-                    float *oj = oacc + (size_t)j * 256;
-                    value_sum(&pj, 1, m, vbuf, hd, &oj);
-                }
-                elem *orow = out + (size_t)r * H * hd + (size_t)(hk * g + (q0 + j) % g) * hd;
-                for (int d = 0; d < hd; d += 16) st16(orow + d, ldf(oacc + (size_t)j * 256 + d, hd - d), hd - d);
+            const __m512 vinv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+            for (int i = 0; i < n; i += 16) _mm512_mask_storeu_ps(s + i, m16(n - i), _mm512_mul_ps(ldf(s + i, n - i), vinv));
+            memset(oacc + (size_t)j * 256, 0, sizeof(float) * hd);
+        }
+        /* the value sums in slot order: committed slots in blocks of 32 widened once for all
+         * the chunk's queries, then each row's own slots; hd <= 256 */
+        for (int i0 = 0; i0 < n_old; i0 += 32) {
+            const int cnt = n_old - i0 < 32 ? n_old - i0 : 32;
+            for (int i = 0; i < cnt; i++)
+                for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(vbuf + (size_t)i * hd + d, ld16(vh + (size_t)(i0 + i) * hd + d, hd - d));
+            const float *pj[16];
+            float *oj[16];
+            for (int j = 0; j < nq; j++) pj[j] = sc + (size_t)j * (S + 16) + i0, oj[j] = oacc + (size_t)j * 256;
+            value_sum(pj, nq, cnt, vbuf, hd, oj);
+        }
+        for (int j = 0; j < nq; j++) {
+            const int r = rowq[j], cnt = nslots[j] - n_old;
+            for (int i0 = 0; i0 < cnt; i0 += 32) {
+                const int m = cnt - i0 < 32 ? cnt - i0 : 32;
+                for (int i = 0; i < m; i++)
+                    for (int d = 0; d < hd; d += 16)
+                        _mm512_storeu_ps(vbuf + (size_t)i * hd + d, ld16(vh + (size_t)SLOT(r, n_old + i0 + i) * hd + d, hd - d));
+                const float *pj = sc + (size_t)j * (S + 16) + n_old + i0;
+                float *oj = oacc + (size_t)j * 256;
+                value_sum(&pj, 1, m, vbuf, hd, &oj);
             }
+            elem *orow = out + (size_t)r * H * hd + (size_t)(hk * g + (q0 + j) % g) * hd;
+            for (int d = 0; d < hd; d += 16) st16(orow + d, ldf(oacc + (size_t)j * 256 + d, hd - d), hd - d);
+        }
 #undef QPTR
 #undef SLOT
-        }
+    }
+}
+
+/* How many queries each task of sequence s takes (Att.qc): up to 16, halved while there would be
+ * fewer than two tasks per thread. The outputs do not depend on it. */
+static void attend_plan(int nseq, Att *A, int H, int Hk, int nthreads) {
+    const int g = H / Hk;
+    for (int s = 0; s < nseq; s++) {
+        const int QN = A[s].T * g;
+        int qc = QN < 16 ? QN : 16;
+        while (qc > 1 && nseq * Hk * ((QN + qc - 1) / qc) < 2 * nthreads) qc = (qc + 1) / 2;
+        A[s].qc = qc;
+    }
+}
+
+/* Attention of nseq sequences (see attend_task) at one layer (K, Vv: each sequence's cache, layer
+ * `layer` of (N, Hk, S, hd)) in one parallel loop: every (sequence, key/value head, chunk of
+ * queries) is one task, so many short sequences cost one barrier, not one each. Each task
+ * computes what it computes in a call of its sequence alone. scratch: ATTEND_SCRATCH(Smax)
+ * floats per thread, Smax >= every sequence's S. */
+static void attend_tasks(int nseq, const Att *A, int layer, int H, int Hk, int hd, float scale, int win, int Smax,
+                         float *scratch) {
+    const int g = H / Hk;
+    int total = 0;
+    for (int s = 0; s < nseq; s++) total += Hk * ((A[s].T * g + A[s].qc - 1) / A[s].qc);
+#pragma omp for schedule(static)
+    for (int t = 0; t < total; t++) {
+        int s = 0, u = t, n;
+        while (u >= (n = Hk * ((A[s].T * g + A[s].qc - 1) / A[s].qc))) u -= n, s++;
+        Att a = A[s];
+        const size_t off = (size_t)layer * Hk * a.S * hd;
+        a.K += off, a.Vv += off;
+        const int nqc = n / Hk;
+        attend_task(&a, H, Hk, hd, scale, win, u / nqc, u % nqc, scratch + (size_t)omp_get_thread_num() * ATTEND_SCRATCH(Smax));
     }
 }
 
@@ -923,6 +1068,14 @@ static void forward_seqs(const Model *m, int nseq, const Seq *seqs, elem *x, int
     const int widest_in = D > M ? (D > H * hd ? D : H * hd) : (M > H * hd ? M : H * hd);
     const int nx = T > nlog ? T : nlog;
     elem *xv = malloc(sizeof(elem) * (size_t)((nx + 15) / 16 * 16) * widest_in);
+    Att *att = malloc(sizeof(Att) * (size_t)nseq);
+    for (int s = 0; s < nseq; s++) {
+        const Seq *sq = &seqs[s];
+        const Att a = {sq->keys, sq->values, sq->S, sq->T, sq->start, 0, pos + sq->row0, sq->nanc, sq->anc,
+                       qb + (size_t)sq->row0 * H * hd, ab + (size_t)sq->row0 * H * hd};
+        att[s] = a;
+    }
+    attend_plan(nseq, att, H, Hk, nthreads);
 #pragma omp parallel num_threads(nthreads)
     {
         for (int l = 0; l < m->n_layers; l++) {
@@ -946,13 +1099,7 @@ static void forward_seqs(const Model *m, int nseq, const Seq *seqs, elem *x, int
                                  hh < H + Hk && m->rope[l] ? cos + (size_t)r * hd : NULL, sin + (size_t)r * hd, dst);
                 }
             }
-            for (int s = 0; s < nseq; s++) { /* each sequence over its own cache */
-                const Seq *sq = &seqs[s];
-                const size_t off = (size_t)sq->row0 * H * hd;
-                attend(sq->keys + layer_off * sq->S * hd, sq->values + layer_off * sq->S * hd, sq->S, H, Hk, hd,
-                       m->scale[l], m->window[l], sq->T, sq->start, pos + sq->row0, sq->nanc, sq->anc, qb + off,
-                       ab + off, scratch);
-            }
+            attend_tasks(nseq, att, l, H, Hk, hd, m->scale[l], m->window[l], Smax, scratch); /* each over its own cache */
             matmul(ab, T, H * hd, &m->wo[l], D, y, xv);
             residual(x, y, m->bo[l], T, D);
             /* MLP */
@@ -987,7 +1134,7 @@ static void forward_seqs(const Model *m, int nseq, const Seq *seqs, elem *x, int
             }
         }
     }
-    free(xv); free(y); free(h); free(qb); free(ab); free(gb); free(lx); free(scratch); free(row_seq);
+    free(xv); free(y); free(h); free(qb); free(ab); free(gb); free(lx); free(scratch); free(row_seq); free(att);
 }
 
 /* One sequence (the model's own cache, m->keys / m->values of m->S slots, `start` committed):
@@ -1074,6 +1221,15 @@ static void head_seqs(const Head *h, int nseq, const Seq *seqs, int R, const ele
     int *pos = malloc(sizeof(int) * R), *none = calloc(R, sizeof(int));
     for (int s = 0; s < nseq; s++)
         for (int r = 0; r < seqs[s].T; r++) pos[seqs[s].row0 + r] = seqs[s].start;
+    /* every committed slot, no new rows: each row at "start" L with no ancestors */
+    Att *att = malloc(sizeof(Att) * (size_t)nseq);
+    for (int s = 0; s < nseq; s++) {
+        const Seq *sq = &seqs[s];
+        const Att at = {sq->keys, sq->values, sq->S, sq->T, sq->start, 0, pos + sq->row0, none, none,
+                        q + (size_t)sq->row0 * H * hd, a + (size_t)sq->row0 * H * hd};
+        att[s] = at;
+    }
+    attend_plan(nseq, att, H, h->Hk, nthreads);
     elem *x = state_out; /* written by the fc step first */
 #pragma omp parallel num_threads(nthreads)
     {
@@ -1096,13 +1252,7 @@ static void head_seqs(const Head *h, int nseq, const Seq *seqs, int R, const ele
                 for (int hh = 0; hh < H; hh++)
                     project_head(y + ((size_t)r * H + hh) * hd, NULL, hd, cos + (size_t)r * hd, sin + (size_t)r * hd,
                                  q + ((size_t)r * H + hh) * hd);
-            /* every committed slot, no new rows: each row at "start" L with no ancestors */
-            for (int s = 0; s < nseq; s++) {
-                const Seq *sq = &seqs[s];
-                const size_t off = (size_t)sq->row0 * H * hd;
-                attend(sq->keys, sq->values, sq->S, H, h->Hk, hd, 1.0f / sqrtf((float)hd), 0, sq->T, sq->start,
-                       pos + sq->row0, none, none, q + off, a + off, scratch);
-            }
+            attend_tasks(nseq, att, 0, H, h->Hk, hd, 1.0f / sqrtf((float)hd), 0, Smax, scratch);
             matmul_dense(a, R, H * hd, h->wo[b], D, y, xv);
             residual(x, y, NULL, R, D);
             if (M > 0) {
@@ -1125,7 +1275,7 @@ static void head_seqs(const Head *h, int nseq, const Seq *seqs, int R, const ele
                 _mm512_mask_storeu_ps(logits + (size_t)r * V + i, m16(V - i), rb16(_mm512_loadu_ps(t)));
             }
     }
-    free(u); free(n2); free(q); free(a); free(y); free(l1); free(l2); free(xv); free(scratch); free(pos); free(none);
+    free(u); free(n2); free(q); free(a); free(y); free(l1); free(l2); free(xv); free(scratch); free(pos); free(none); free(att);
 }
 
 /* Several sequences' rows in one draft step (see head_seqs); cos, sin (R, hd). */
