@@ -14,7 +14,7 @@ from conftest import tiny_model
 from test_quant_target import quantized_pair
 
 import mtpspec
-from mtpspec.config import SamplingConfig
+from mtpspec.config import HeadConfig, SamplingConfig
 from mtpspec.core import fused
 from mtpspec.core.batch import BATCH_ROWS_MAX, Batch, BatchConfig
 from mtpspec.core.drafters import build_drafter
@@ -35,9 +35,11 @@ def target(request):
     return t
 
 
-def _head(target, seed: int = 0):
+def _head(target, seed: int = 0, draft_vocab: int = 0):
+    """A fresh head; draft_vocab > 0: a reduced draft vocabulary, so that each request's round
+    also scores its own context tokens outside it (`round_vocab`: extra rows that differ per request)."""
     torch.manual_seed(seed)
-    return mtpspec.MTPHead.for_target(target.model).to(target.dtype)
+    return mtpspec.MTPHead.for_target(target.model, HeadConfig(draft_vocab_size=draft_vocab)).to(target.dtype)
 
 
 def _prompts(n: int, vocab: int, seed: int = 0, lo: int = 3, hi: int = 40) -> list[torch.Tensor]:
@@ -70,7 +72,7 @@ def _run(batch: Batch, requests: list[dict], seed: int = 0) -> dict[int, list[in
 
 
 def test_greedy_requests_in_a_batch_equal_plain_decoding_alone(target):
-    head = _head(target)
+    head = _head(target, draft_vocab=40)
     prompts = _prompts(7, target.vocab_size)
     reqs = [dict(input_ids=p, max_new_tokens=6 + 3 * i, drafter=head if i % 3 else None, k=1 + i % 4)
             for i, p in enumerate(prompts)]
@@ -162,12 +164,16 @@ def test_a_prompt_prefilled_in_chunks_equals_it_in_one_piece(target):
     assert torch.equal(whole.keys[:, :, :77], chunked.keys[:, :, :77])
 
 
-def test_the_head_drafts_for_many_requests_as_it_drafts_for_each(target):
-    head = _head(target)
+@pytest.mark.parametrize("draft_vocab", [0, 40], ids=["full-vocabulary", "reduced-plus-context"])
+def test_the_head_drafts_for_many_requests_as_it_drafts_for_each(target, draft_vocab):
+    head = _head(target, draft_vocab=draft_vocab)
     from mtpspec.core.decode import prefill
     from mtpspec.core.draft import DraftInput
     states = [prefill(target, p, 20, head.hidden_layers)[0] for p in _prompts(5, target.vocab_size, seed=6)]
     inps = [DraftInput(s.tokens, s.hidden, s.cache) for s in states]
+    if draft_vocab:  # every request's round adds its own number of context tokens
+        extras = [head.round_vocab(i.tokens)[1] for i in inps]
+        assert len({0 if e is None else e.shape[0] for e in extras}) > 1
     ks = [1, 4, 2, 4, 3]
     greedy = SamplingConfig()
     many = head.propose_many(inps, ks, [greedy] * 5, [None] * 5)

@@ -30,7 +30,7 @@ import torch
 from ..config import AcceptanceConfig, SamplingConfig
 from ..errors import InputError
 from .decode import DecodeState, Round, Verify, conclude, finish_prefill, open_state, prepare, round_k
-from .draft import DraftInput, Drafter
+from .draft import Drafter, DraftInput
 from .fused import SeqRows
 from .target import Target
 

@@ -1201,12 +1201,13 @@ typedef struct {
  * its position `start` = L with no ancestors; keys, values (Hk, S, hd): the target's layer the
  * head reads, slots 0..L-1 committed). state, emb (R, D): the states and the embedded tokens;
  * cos, sin (R, hd) per row (sin signed as above).
- * Out: state_out (R, D) and logits (R, V1 + E) fp32 (bf16 values) over w_vocab (V1, D; dense or quantized) then
- * w_extra (E, D), from the target's final norm of the new states. Every row is computed as it
- * would be alone (row invariance, above). */
+ * Out: state_out (R, D) and logits (R, V1 + Emax) fp32 (bf16 values) over w_vocab (V1, D; dense or quantized)
+ * then the row's sequence's own w_extra[s] (E[s], D; Emax >= every E[s], zeros after a row's E[s]),
+ * from the target's final norm of the new states. Every row is computed as it would be alone (row
+ * invariance, above). */
 static void head_seqs(const Head *h, int nseq, const Seq *seqs, int R, const elem *state, const elem *emb,
                       const elem *cos, const elem *sin, const Mat *w_vocab, int V1,
-                      const elem *w_extra, int E, elem *state_out, float *logits, int nthreads) {
+                      const elem *const *w_extra, const int *E, int Emax, elem *state_out, float *logits, int nthreads) {
     const int D = h->D, H = h->H, hd = h->hd, M = h->M;
     int wide = 2 * D > 2 * M ? 2 * D : 2 * M;
     wide = wide > H * hd ? wide : H * hd;
@@ -1215,12 +1216,15 @@ static void head_seqs(const Head *h, int nseq, const Seq *seqs, int R, const ele
     elem *u = malloc(sizeof(elem) * (size_t)R * wide), *n2 = malloc(sizeof(elem) * (size_t)R * 2 * D);
     elem *q = malloc(sizeof(elem) * (size_t)R * H * hd), *a = malloc(sizeof(elem) * (size_t)R * H * hd);
     float *y = malloc(sizeof(float) * (size_t)R * wide);
-    float *l1 = malloc(sizeof(float) * (size_t)R * V1), *l2 = E > 0 ? malloc(sizeof(float) * (size_t)R * E) : NULL;
+    size_t *l2off = malloc(sizeof(size_t) * (size_t)(nseq + 1)); /* sequence s's extra logits: T_s x E[s] from l2off[s] */
+    l2off[0] = 0;
+    for (int s = 0; s < nseq; s++) l2off[s + 1] = l2off[s] + (size_t)seqs[s].T * E[s];
+    float *l1 = malloc(sizeof(float) * (size_t)R * V1), *l2 = malloc(sizeof(float) * (l2off[nseq] + 1));
     elem *xv = malloc(sizeof(elem) * (size_t)((R + 15) / 16 * 16) * wide);
     float *scratch = malloc(sizeof(float) * (size_t)nthreads * ATTEND_SCRATCH(Smax));
-    int *pos = malloc(sizeof(int) * R), *none = calloc(R, sizeof(int));
+    int *pos = malloc(sizeof(int) * R), *none = calloc(R, sizeof(int)), *row_seq = malloc(sizeof(int) * R);
     for (int s = 0; s < nseq; s++)
-        for (int r = 0; r < seqs[s].T; r++) pos[seqs[s].row0 + r] = seqs[s].start;
+        for (int r = 0; r < seqs[s].T; r++) pos[seqs[s].row0 + r] = seqs[s].start, row_seq[seqs[s].row0 + r] = s;
     /* every committed slot, no new rows: each row at "start" L with no ancestors */
     Att *att = malloc(sizeof(Att) * (size_t)nseq);
     for (int s = 0; s < nseq; s++) {
@@ -1265,22 +1269,25 @@ static void head_seqs(const Head *h, int nseq, const Seq *seqs, int R, const ele
         }
         rms_norm(x, R, D, h->final_norm, h->final_eps, u);
         matmul(u, R, D, w_vocab, V1, l1, xv);
-        if (E > 0) matmul_dense(u, R, D, w_extra, E, l2, xv);
-        const int V = V1 + E;
+        for (int s = 0; s < nseq; s++) /* each sequence's own extra rows (the same for every thread) */
+            if (E[s] > 0) matmul_dense(u + (size_t)seqs[s].row0 * D, seqs[s].T, D, w_extra[s], E[s], l2 + l2off[s], xv);
+        const int V = V1 + Emax;
 #pragma omp for schedule(static) collapse(2)
         for (int r = 0; r < R; r++)
-            for (int i = 0; i < V; i += 16) { /* both parts, rounded to bf16, side by side */
+            for (int i = 0; i < V; i += 16) { /* both parts, rounded to bf16, side by side; 0 past a row's own E */
+                const int sr = row_seq[r], Es = E[sr];
+                const float *e = l2 + l2off[sr] + (size_t)(r - seqs[sr].row0) * Es;
                 float t[16];
-                for (int j = 0; j < 16; j++) t[j] = i + j < V1 ? l1[(size_t)r * V1 + i + j] : i + j < V ? l2[(size_t)r * E + i + j - V1] : 0.0f;
+                for (int j = 0; j < 16; j++) t[j] = i + j < V1 ? l1[(size_t)r * V1 + i + j] : i + j < V1 + Es ? e[i + j - V1] : 0.0f;
                 _mm512_mask_storeu_ps(logits + (size_t)r * V + i, m16(V - i), rb16(_mm512_loadu_ps(t)));
             }
     }
-    free(u); free(n2); free(q); free(a); free(y); free(l1); free(l2); free(xv); free(scratch); free(pos); free(none); free(att);
+    free(u); free(n2); free(q); free(a); free(y); free(l1); free(l2); free(xv); free(scratch); free(pos); free(none); free(att); free(row_seq); free(l2off);
 }
 
 /* Several sequences' rows in one draft step (see head_seqs); cos, sin (R, hd). */
 void head_step_seqs(const Head *h, int nseq, const Seq *seqs, int R, const elem *state, const elem *emb,
-                    const elem *cos, const elem *sin, const Mat *w_vocab, int V1, const elem *w_extra, int E,
-                    elem *state_out, float *logits, int nthreads) {
-    head_seqs(h, nseq, seqs, R, state, emb, cos, sin, w_vocab, V1, w_extra, E, state_out, logits, nthreads);
+                    const elem *cos, const elem *sin, const Mat *w_vocab, int V1, const elem *const *w_extra,
+                    const int *E, int Emax, elem *state_out, float *logits, int nthreads) {
+    head_seqs(h, nseq, seqs, R, state, emb, cos, sin, w_vocab, V1, w_extra, E, Emax, state_out, logits, nthreads);
 }

@@ -107,7 +107,7 @@ def _library(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, b
     so.fused_rows.argtypes = [_P, _P, ctypes.c_int, ctypes.c_int, _P]
     so.fused_rows.restype = None
     so.head_step_seqs.argtypes = [ctypes.POINTER(_Head), ctypes.c_int, ctypes.POINTER(_Seq), ctypes.c_int] + [_P] * 5 + [
-        ctypes.c_int, _P, ctypes.c_int, _P, _P, ctypes.c_int]
+        ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, ctypes.c_int]
     so.head_step_seqs.restype = None
     # AMX where the CPU has it (and MTPSPEC_AMX is not 0): once per process, so every forward
     # of the process runs the same matmul kernel
@@ -365,15 +365,17 @@ class FusedHead:
         the next states (1, R, D) and logits (R, V1 + E) over the draft vocabulary then `extra`
         (E, D) rows. R = 1 for a chain's step, a tree's frontier otherwise."""
         R = int(tokens.shape[1])
-        return self.step_many(state, tokens, cos.expand(R, -1), sin_signed.expand(R, -1), [cache], [R], layer, extra)
+        out, (logits,) = self.step_many(state, tokens, cos.expand(R, -1), sin_signed.expand(R, -1), [cache], [R], layer, [extra])
+        return out, logits
 
     def step_many(self, state: torch.Tensor, tokens: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
                   caches: list[KVCache], counts: list[int], layer: int,
-                  extra: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  extras: list[torch.Tensor | None] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """One draft step for the rows of several sequences (continuous batching): (1, R, D)
         states, (1, R) tokens, (R, hd) rotary tables per row; the first counts[0] rows read
-        caches[0] (at its length), the next counts[1] caches[1], ... Returns the next states
-        (1, R, D) and logits (R, V1 + E), each row what it would be alone."""
+        caches[0] (at its length) and score extras[0] (E_0, D) after the draft vocabulary, the
+        next counts[1] caches[1] and extras[1], ... Returns the next states (1, R, D) and, per
+        sequence, its logits (counts[s], V1 + E_s): each row what it would be alone."""
         tgt = self.head.target
         dt = tgt.dtype
         so = _loaded(dt)[0]
@@ -382,24 +384,28 @@ class FusedHead:
         state = state.to(dt).contiguous()
         emb = tgt.embed_tokens(tokens).to(dt).contiguous()  # (1, R, D)
         cos, sin_signed = cos.to(dt).contiguous(), sin_signed.to(dt).contiguous()
-        E = 0 if extra is None else int(extra.shape[0])
-        if extra is not None:
-            extra = extra.contiguous()
+        extras = [None] * len(caches) if extras is None else [None if e is None else e.contiguous() for e in extras]
+        Es = [0 if e is None else int(e.shape[0]) for e in extras]
         structs, row0 = (_Seq * len(caches))(), 0
         for i, (c, n) in enumerate(zip(caches, counts)):
             keys, values = c.keys[layer], c.values[layer]  # (Hk, S, hd): contiguous layers of the cache
             structs[i] = _Seq(row0=row0, T=n, start=c.length, S=c.capacity, keys=keys.data_ptr(), values=values.data_ptr())
             row0 += n
-        if row0 != R:
-            raise ValueError(f"{R} rows, but the sequences' counts add up to {row0}")
-        V1 = self.V1
+        if row0 != R or len(extras) != len(caches):
+            raise ValueError(f"{R} rows for sequences of {counts} rows and {len(extras)} extras")
+        V1, Emax = self.V1, max(Es, default=0)
         out = torch.empty_like(state)
-        logits = torch.empty(R, V1 + E, dtype=torch.float32)
+        logits = torch.empty(R, V1 + Emax, dtype=torch.float32)
+        w_extra = (_P * len(extras))(*[None if e is None else e.data_ptr() for e in extras])
+        e_count = (ctypes.c_int * len(Es))(*Es)
         so.head_step_seqs(ctypes.byref(self.struct), len(caches), structs, R, state.data_ptr(), emb.data_ptr(),
-                          cos.data_ptr(), sin_signed.data_ptr(), ctypes.addressof(self.vocab), V1,
-                          None if extra is None else extra.data_ptr(), E, out.data_ptr(), logits.data_ptr(),
-                          torch.get_num_threads())
-        return out, tgt.finish_logits(logits)
+                          cos.data_ptr(), sin_signed.data_ptr(), ctypes.addressof(self.vocab), V1, w_extra, e_count, Emax,
+                          out.data_ptr(), logits.data_ptr(), torch.get_num_threads())
+        per, row0 = [], 0
+        for n, E in zip(counts, Es):
+            per.append(tgt.finish_logits(logits[row0:row0 + n, :V1 + E].contiguous()))  # as alone: (n, V1 + E)
+            row0 += n
+        return out, per
 
 
 def quantized_rows(q: quant.QTensor, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:

@@ -361,15 +361,15 @@ class MTPHead(nn.Module):
     def propose_many(self, inps: list[DraftInput], ks: list[int], samplings: list[SamplingConfig],
                      generators: list[torch.Generator | None]) -> list[Draft]:
         """`propose` for several requests at once (continuous batching): each draft step runs the
-        rows of every request still drafting as one fused call; each request gets, bit for bit
-        and draw for draw from its own generator, the draft `propose` gives it alone. Where the
-        step does not run fused, or a round's vocabulary differs per request (`copy_context`),
-        the requests draft one after another."""
+        rows of every request still drafting as one fused call (each with its own round
+        vocabulary, `round_vocab`); each request gets, bit for bit and draw for draw from its own
+        generator, the draft `propose` gives it alone. Where the step does not run fused, the
+        requests draft one after another."""
         fast = self.fused_step()
-        if fast is None or len(inps) < 2 or self.copy_context:
+        if fast is None or len(inps) < 2:
             return [self.propose(i, k, s, g) for i, k, s, g in zip(inps, ks, samplings, generators)]
         n = len(inps)
-        states, toks, tables = [], [], []
+        states, toks, tables, vocab = [], [], [], []
         for inp, k in zip(inps, ks):
             state = self.initial_state(inp.hidden.unsqueeze(1))  # (1, 1, D)
             L = inp.cache.length
@@ -377,7 +377,7 @@ class MTPHead(nn.Module):
             states.append(state)
             toks.append(inp.tokens[:, -1:])  # (1, 1): the token at position L
             tables.append((cos[0], signed_sin(sin[0])))  # (K, hd) each
-        ids = self.draft_ids  # the round's vocabulary: the same for every request without copy_context
+            vocab.append(self.round_vocab(inp.tokens))  # (V'',), (E, D): this request's round vocabulary
         drafted: list[list[torch.Tensor]] = [[] for _ in range(n)]
         qs: list[list[torch.Tensor]] = [[] for _ in range(n)]
         for j in range(max(ks, default=0)):
@@ -385,10 +385,11 @@ class MTPHead(nn.Module):
             out, logits = fast.step_many(torch.cat([states[i] for i in live], 1), torch.cat([toks[i] for i in live], 1),
                                          torch.stack([tables[i][0][j] for i in live]),
                                          torch.stack([tables[i][1][j] for i in live]),
-                                         [inps[i].cache for i in live], [1] * len(live), self.kv_layer)
-            for r, i in enumerate(live):  # (1, R, D), (R, V'')
+                                         [inps[i].cache for i in live], [1] * len(live), self.kv_layer,
+                                         [vocab[i][1] for i in live])
+            for r, i in enumerate(live):  # (1, R, D); logits[r]: (1, V'' of request i)
                 states[i] = out[:, r:r + 1]
-                toks[i] = self._pick(logits[r:r + 1], ids, samplings[i], generators[i], drafted[i], qs[i])
+                toks[i] = self._pick(logits[r], vocab[i][0], samplings[i], generators[i], drafted[i], qs[i])
         return [self._draft(d, q) for d, q in zip(drafted, qs)]
 
     def _pick(self, logits: torch.Tensor, ids: torch.Tensor | None, sampling: SamplingConfig,

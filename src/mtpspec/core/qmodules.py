@@ -39,6 +39,14 @@ class QuantLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.qweight.name}"
 
 
+def dequantized_rows(q: QTensor, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(...,) ids -> (n, I) those rows of `q` in `dtype` on the CPU, as a dense table in `dtype`
+    holds them: by fused.c where it runs (the values the matmuls multiply by), else gguf-py."""
+    ids = ids.reshape(-1).cpu()
+    rows = quantized_rows(q, ids, dtype) if dtype in (torch.bfloat16, torch.float32) else None
+    return q.dequantize(ids).to(dtype) if rows is None else rows
+
+
 class QuantEmbedding(nn.Module):
     """`nn.Embedding` over a GGUF file's blocks: a lookup dequantizes just the rows it reads,
     in `dtype` (the model's compute dtype), exactly as a dense table in that dtype holds them."""
@@ -50,10 +58,7 @@ class QuantEmbedding(nn.Module):
         self.register_buffer("blocks", qweight.data, persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (...,) -> (..., D)
-        rows = quantized_rows(self.qweight, ids.cpu(), self.dtype) if self.dtype in (torch.bfloat16, torch.float32) else None
-        if rows is None:
-            rows = self.qweight.dequantize(ids.reshape(-1).cpu()).to(self.dtype)
-        return rows.reshape(*ids.shape, self.embedding_dim).to(ids.device)
+        return dequantized_rows(self.qweight, ids, self.dtype).reshape(*ids.shape, self.embedding_dim).to(ids.device)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.qweight.name}"

