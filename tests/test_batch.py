@@ -219,3 +219,23 @@ def test_bad_batch_settings_are_refused_with_reasons(llama):
     with pytest.raises(mtpspec.InputError, match="max_new_tokens"):
         batch.add(torch.tensor([[1, 2]]), 0)
     assert len(batch) == 0
+
+
+def test_drafts_follow_the_load_except_for_seeded_samples(target):
+    """With 4 requests and draft_rows 8, each may draft 8 // 4 - 1 = 1 token a round, except the
+    one sampled with a seed, which drafts its own k = 3; every output stays what it is alone."""
+    head = _head(target)
+    prompts = _prompts(4, target.vocab_size, seed=9, lo=3, hi=6)
+    batch = Batch(target, BatchConfig(max_rows=32, prefill_rows=16, draft_rows=8))
+    seeded = SamplingConfig(temperature=1.0, seed=5)
+    slots = [batch.add(p, 12, head, 3, seeded if i == 0 else None) for i, p in enumerate(prompts)]
+    batch.step()  # every prompt fits one forward
+    assert all(s.running for s in slots)
+    batch.step()
+    assert batch.rows_last == (3 + 1) + 3 * (1 + 1)
+    while any(not s.done for s in batch.slots):
+        batch.step()
+    alone = mtpspec.generate(target, head, prompts[0], 12, num_draft_tokens=3, temperature=1.0, seed=5)
+    assert slots[0].state.new_tokens == alone.sequences[0, prompts[0].shape[1]:].tolist()
+    for p, s in zip(prompts[1:], slots[1:]):
+        assert s.state.new_tokens == mtpspec.generate(target, None, p, 12).sequences[0, p.shape[1]:].tolist()

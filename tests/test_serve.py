@@ -249,6 +249,28 @@ def test_sixteen_concurrent_streams_each_get_their_whole_answer(server, ref):
     assert after['mtpspec_requests_total{outcome="ok"}'] - before['mtpspec_requests_total{outcome="ok"}'] == 16
     assert after["mtpspec_tokens_total"] - before["mtpspec_tokens_total"] == 16 * 16
     assert engine.queue_depth() == 0 and not engine.busy()
+    steps = after["mtpspec_batch_steps_total"] - before["mtpspec_batch_steps_total"]
+    assert steps < 16 * 16  # requests shared forwards: one at a time would take at least one step per token
+
+
+def test_concurrent_seeded_samples_each_equal_the_request_served_alone(server, ref):
+    """Sampled with a seed, a reply is the same whatever else the batch decodes beside it."""
+    url, engine = server
+    prompts = [f"w{40 + i} w{20 + i}" for i in range(6)]
+    sampling = dict(temperature=0.9, top_p=0.95)
+    want = {p: expected(ref, chat_ids(ref[2], p), 12, seed=i, **sampling)[1] for i, p in enumerate(prompts)}
+    got: dict[str, str] = {}
+
+    def client(i: int, p: str) -> None:
+        r = httpx.post(url + "/v1/chat/completions", json={**chat_body(p, max_tokens=12, seed=i), **sampling}, timeout=60)
+        got[p] = r.json()["choices"][0]["message"]["content"]
+
+    threads = [threading.Thread(target=client, args=(i, p)) for i, p in enumerate(prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == want
 
 
 # -- faults -------------------------------------------------------------------------------------------
@@ -359,7 +381,8 @@ def test_a_full_queue_gets_429_and_a_client_that_leaves_frees_the_worker(tiny):
     _, tok = tiny
     model = tiny_model()
     model.generation_config.eos_token_id = None  # nothing ends a reply early: only max_tokens or the client
-    engine = Engine(model, SlowDrafter(), tok, ServeConfig(num_draft_tokens=2, max_queue=1, max_tokens_limit=400))
+    engine = Engine(model, SlowDrafter(), tok, ServeConfig(num_draft_tokens=2, max_queue=1, max_tokens_limit=400,
+                                                           max_running=1))
     with serving(engine) as url:
         # A: a long stream (400 slow rounds) that the client leaves after two rounds
         with httpx.Client(timeout=30) as a_client, a_client.stream(
@@ -491,7 +514,8 @@ def test_a_relaxed_rule_is_per_request_and_every_reply_says_which(server, ref):
 def test_health_and_metrics_count_what_was_served(server):
     url, engine = server
     h = httpx.get(url + "/health").json()
-    assert h == {"status": "ok", "model": engine.config.model_name, "num_draft_tokens": K, "queue_depth": 0, "busy": False}
+    assert h == {"status": "ok", "model": engine.config.model_name, "num_draft_tokens": K, "queue_depth": 0, "running": 0,
+                 "busy": False}
     before = metrics(url)
     r = httpx.post(url + "/v1/chat/completions", json=chat_body(max_tokens=5), timeout=30).json()
     after = metrics(url)

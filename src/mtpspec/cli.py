@@ -610,8 +610,12 @@ def serve(
     weights: str = WEIGHTS,
     num_draft_tokens: int = option(ServeConfig, "num_draft_tokens", "--num-draft-tokens", "-k",
                                    help="Drafts per round [default: the head's tuned k]; 0 = plain decoding."),
-    max_queue: int = option(ServeConfig, "max_queue", help="Requests that may wait behind the one being decoded; one more "
-                            "gets 429."),
+    max_queue: int = option(ServeConfig, "max_queue", help="Requests that may wait while --max-running are decoded; one "
+                            "more gets 429."),
+    max_running: int = option(ServeConfig, "max_running", help="Requests decoded together (continuous batching; each "
+                              "reply is what it decodes alone); 1 = one at a time."),
+    max_rows: int = option(ServeConfig, "max_rows", help="Rows one target forward may run: the running requests' rounds "
+                           "plus prompt chunks."),
     max_tokens_limit: int = option(ServeConfig, "max_tokens_limit", help="Most new tokens one request may ask for."),
     default_max_tokens: int = option(ServeConfig, "default_max_tokens", help="New tokens when a request names no "
                                      "max_tokens."),
@@ -631,7 +635,7 @@ def serve(
 
     set_threads(threads)
     engine = load_engine(target, head, dtype, num_draft_tokens, weights=weights, warn=_warn, drafter=drafter_kind(tree, switch),
-                         max_queue=max_queue,
+                         max_queue=max_queue, max_running=max_running, max_rows=max_rows,
                          max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens)
     try:
         uvicorn.run(create_app(engine), host=host, port=port)

@@ -10,9 +10,11 @@ call per draft depth (`MTPHead.propose_many`).
 Why the outputs do not depend on the company: the fused forward computes every row on its own
 (row invariance, `fused.c`), so a request's rows give, bit for bit, what its own verify pass or
 prefill gives alone, and a prompt prefilled in chunks gives what it gives in one piece. Every
-request keeps its own generator, drafter and acceptance rule, and its k is never changed by
-the load (when rows run short, whole requests wait a step instead, round robin), so a sampled
-request with a seed draws the same numbers in the same order as alone. The rows of one forward
+request keeps its own generator, drafter and acceptance rule. Its drafts per round follow the
+load (`BatchConfig.draft_rows`: fewer drafts when many requests share a forward), which changes
+no greedy output; a request sampled with a seed keeps its own k (when rows run short, whole
+requests wait a step instead, round robin), so it draws the same numbers in the same order as
+alone. The rows of one forward
 are capped (`BatchConfig.max_rows`, checked bit for bit by the tests); on a target that runs op
 by op (the torch engine) the sequences run one after another and prompts are not cut.
 
@@ -46,6 +48,13 @@ class BatchConfig:
     # Prompt rows a forward reserves while a prompt waits (the rest of max_rows goes to running
     # requests; prompts also take whatever rows they leave).
     prefill_rows: int = 16
+    # Draft rows the running requests share per forward (None: each drafts its own k always):
+    # with n running, a request drafts min(k, draft_rows // n - 1) (never below 0). On a CPU an
+    # extra row costs arithmetic, so drafts that pay for one request cost throughput for many.
+    # Greedy output is the same whatever k is, and unseeded sampling keeps the target's law; a
+    # request sampled with a seed always drafts its own k, so that its draws do not depend on
+    # the load.
+    draft_rows: int | None = 12
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_rows <= BATCH_ROWS_MAX:
@@ -53,6 +62,8 @@ class BatchConfig:
                              f"got {self.max_rows}.")
         if not 1 <= self.prefill_rows <= self.max_rows:
             raise InputError(f"prefill_rows must be in 1..max_rows ({self.max_rows}), got {self.prefill_rows}.")
+        if self.draft_rows is not None and self.draft_rows < 1:
+            raise InputError(f"draft_rows must be >= 1 (or None: no load-dependent k), got {self.draft_rows}.")
 
 
 @dataclass(eq=False)
@@ -74,6 +85,16 @@ class Slot:
     @property
     def done(self) -> bool:
         return self.state.done
+
+    @property
+    def fixed_k(self) -> bool:
+        """Sampled with a seed: its k never follows the load (its draws would)."""
+        return not self.state.sampling.greedy and self.state.sampling.seed is not None
+
+    def round_k(self, share: int | None) -> int:
+        """Drafts this round: its k, capped by `share` (the load's) unless fixed, and by max_new_tokens."""
+        k = self.k if share is None or self.fixed_k else min(self.k, share)
+        return round_k(self.state, self.drafter, k)
 
 
 class Batch:
@@ -127,10 +148,11 @@ class Batch:
         # 1. Choose the running requests, round robin, while their rows fit
         budget = cfg.max_rows - (cfg.prefill_rows if waiting else 0)
         order = running[self._turn % len(running):] + running[: self._turn % len(running)] if running else []
+        share = None if cfg.draft_rows is None or not running else max(cfg.draft_rows // len(running) - 1, 0)
         chosen: list[tuple[Slot, int]] = []
         used = 0
         for s in order:
-            k = round_k(s.state, s.drafter, s.k)
+            k = s.round_k(share)
             if used + k + 1 > budget and chosen:
                 continue
             chosen.append((s, k))

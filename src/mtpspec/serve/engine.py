@@ -1,15 +1,19 @@
-"""The one decoding worker: a thread that owns the target and the drafter and serves requests
-one at a time, in arrival order, from a bounded queue.
+"""The one decoding worker: a thread that owns the target and the drafter and decodes up to
+`max_running` requests together (continuous batching, `core/batch.py`), admitting waiting
+requests in arrival order from a bounded queue as running ones finish.
 
 The HTTP side (asyncio) submits a `DecodeRequest` and reads the `Job`'s chunks as they come: the
-worker drives the library's `prefill` and `step` itself (no copy of the decode loop) and hands
-over each round's newly released text as soon as the round is accepted. A job that is cancelled
-(its client went away, or it stopped reading) is dropped from the queue, or stops at the next
-round boundary, so its slot is free again."""
+worker drives the library's `Batch` (no copy of the decode loop): each step is one target
+forward over the rounds of the running requests and chunks of the prompts being prefilled, and
+each round's newly released text is handed over as soon as it is accepted. Every reply is what
+the request decodes alone, whatever else runs beside it (the batch's guarantee). A job that is
+cancelled (its client went away, or it stopped reading) is dropped from the queue, or leaves the
+batch at the next step, so its place is free again."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import threading
 from collections import deque
@@ -20,8 +24,10 @@ from typing import Any
 import torch
 
 from ..config import AcceptanceConfig, SamplingConfig
-from ..core.decode import DecodeState, Round, prefill, step
+from ..core.batch import Batch, BatchConfig, Slot
+from ..core.decode import DecodeState, Round
 from ..core.drafters import build_drafter
+from ..core.head import MTPHead
 from ..core.stats import DecodeStats
 from ..core.target import Target
 from ..detokenize import Piece, TextStream
@@ -40,8 +46,12 @@ class ServeConfig:
     # Drafts per round; 0 = plain decoding (same output, one target forward per token); None =
     # the drafter's own k (a head's measured best, `drafters.default_k`).
     num_draft_tokens: int | None = None
-    # Requests that may wait behind the one being decoded; one more is refused with 429.
+    # Requests that may wait while `max_running` are decoded; one more is refused with 429.
     max_queue: int = 16
+    # Requests decoded together (continuous batching); 1 = one at a time.
+    max_running: int = 8
+    # Rows one target forward may run (running requests' rounds plus prompt chunks; `BatchConfig`).
+    max_rows: int = 48
     # The most new tokens one request may ask for (max_tokens above it: 400).
     max_tokens_limit: int = 1024
     # New tokens for a request that names no max_tokens (capped by max_tokens_limit).
@@ -54,6 +64,9 @@ class ServeConfig:
             raise InputError(f"num_draft_tokens must be >= 0 (0 = plain decoding), got {self.num_draft_tokens}.")
         if self.max_queue < 0:
             raise InputError(f"max_queue must be >= 0, got {self.max_queue}.")
+        if self.max_running < 1:
+            raise InputError(f"max_running must be >= 1, got {self.max_running}.")
+        BatchConfig(max_rows=self.max_rows, prefill_rows=min(16, self.max_rows))  # refuses a bad max_rows with its reason
         if self.max_tokens_limit < 1 or self.default_max_tokens < 1:
             raise InputError("max_tokens_limit and default_max_tokens must be >= 1.")
 
@@ -122,7 +135,16 @@ class Metrics:
     requests: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     relaxed: int = 0  # requests decoded under a relaxed acceptance rule (their output is not the target's own)
     total: DecodeStats = field(default_factory=DecodeStats)
+    steps: int = 0  # batch steps (target forwards of the worker)
+    rows: int = 0  # rows over those forwards
+    running_sum: int = 0  # requests in the batch, summed over the steps
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def step(self, rows: int, running: int) -> None:
+        with self.lock:
+            self.steps += 1
+            self.rows += rows
+            self.running_sum += running
 
     def count(self, outcome: str, stats: DecodeStats | None = None) -> None:
         with self.lock:
@@ -132,8 +154,16 @@ class Metrics:
                 self.total = DecodeStats.merge([self.total, stats])
 
 
+@dataclass
+class _Active:
+    """A job in the batch: its slot there and the text released so far."""
+
+    slot: Slot
+    text: TextStream
+
+
 class Engine:
-    """Owns a target, a drafter and a tokenizer; decodes one request at a time on its own thread."""
+    """Owns a target, a drafter and a tokenizer; decodes up to `max_running` requests together on its own thread."""
 
     def __init__(self, target: Any, drafter: Any, tokenizer: Any, config: ServeConfig | None = None):
         """`target`: a `Target` or a Hugging Face model; `drafter`: a `Drafter` (an `MTPHead`, or one
@@ -147,7 +177,9 @@ class Engine:
         self._waiting: deque[Job] = deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._running: Job | None = None
+        self._active: dict[Job, _Active] = {}  # the jobs in the batch (written by the worker, under _cond)
+        self.batch = Batch(self.target, BatchConfig(max_rows=self.config.max_rows,
+                                                    prefill_rows=min(16, self.config.max_rows)))
         # The HTTP side encodes prompts while the worker decodes replies: a fast tokenizer's
         # Rust object must not be used by two threads at once ("Already borrowed").
         self._tokenizer_lock = threading.Lock()
@@ -160,13 +192,17 @@ class Engine:
         return self._k
 
     def queue_depth(self) -> int:
-        """Requests waiting behind the one being decoded."""
+        """Requests waiting for a place in the batch."""
         with self._cond:
             return len(self._waiting)
 
-    def busy(self) -> bool:
+    def running(self) -> int:
+        """Requests being decoded (prefilled or decoding) in the batch."""
         with self._cond:
-            return self._running is not None
+            return len(self._active)
+
+    def busy(self) -> bool:
+        return self.running() > 0
 
     def encode_chat(self, messages: list[dict[str, str]]) -> torch.Tensor:
         """The tokenizer's chat template over all messages, ready for the assistant's turn -> (1, T)."""
@@ -224,8 +260,8 @@ class Engine:
                 self._cond.notify()
         if full:
             self.metrics.count("rejected")
-            raise BusyError(f"The queue is full ({self.config.max_queue} requests waiting behind the one being "
-                            "decoded); retry later.")
+            raise BusyError(f"The queue is full ({self.config.max_queue} requests waiting while {self.config.max_running} "
+                            "are decoded); retry later.")
         return job
 
     def cancel(self, job: Job) -> None:
@@ -242,13 +278,13 @@ class Engine:
             job.push(None)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Cancel what waits, let the running job stop at its next round, end the worker."""
+        """Cancel what waits, let the running jobs stop at the next step, end the worker."""
         with self._cond:
             self._closed = True
             waiting, self._waiting = list(self._waiting), deque()
-            running = self._running
+            running = list(self._active)
             self._cond.notify_all()
-        for job in waiting + ([running] if running else []):
+        for job in waiting + running:
             job._cancelled.set()
             job.push(None)
         self._thread.join(timeout)
@@ -257,46 +293,77 @@ class Engine:
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not self._closed:
+                while not self._waiting and not self._active and not self._closed:
                     self._cond.wait()
                 if self._closed:
-                    return
-                job = self._running = self._waiting.popleft()
+                    break
+                admit = []
+                while self._waiting and len(self._active) + len(admit) < self.config.max_running:
+                    admit.append(self._waiting.popleft())
+            for job in admit:
+                self._admit(job)
+            for job in [j for j in list(self._active) if j.cancelled]:
+                self._leave(job, "cancelled")
+            if not self.batch.slots:
+                continue
             try:
-                self._decode(job)
-            finally:
-                with self._cond:
-                    self._running = None
+                rounds = self.batch.step()
+            except Exception as e:  # a bug, not the user's mistake: report it to every running job, keep serving
+                log.exception("decoding failed")
+                for job in list(self._active):
+                    job.push(e)
+                    self._leave(job, "error")
+                continue
+            self.metrics.step(self.batch.rows_last, len(self._active))
+            by_slot = {id(a.slot): job for job, a in self._active.items()}
+            for slot, new in rounds:
+                self._release(by_slot[id(slot)], new)
+        for job in list(self._active):
+            self._leave(job, "cancelled")
 
-    def _decode(self, job: Job) -> None:
-        """prefill, then step until done, pushing each round's released text."""
+    def _admit(self, job: Job) -> None:
+        """A waiting job joins the batch (its prompt is prefilled by the next steps), with its own
+        drafter where the drafter adapts per round (a tree, switch: `copy.copy` of the template);
+        a head or None is shared."""
         r = job.request
-        k = self.num_draft_tokens
-        layers = self.drafter.hidden_layers if self.drafter is not None and k > 0 else (-1,)
-        text = TextStream(self.decode, r.stop)
-        state: DecodeState | None = None
-        outcome = "error"
+        drafter = self.drafter if self.drafter is None or isinstance(self.drafter, MTPHead) else copy.copy(self.drafter)
         try:
-            state, new = prefill(self.target, r.input_ids, r.max_new_tokens, layers, r.sampling, None, k, r.acceptance)
-            while True:  # `new`: the round's tokens and which of them were accepted drafts
-                pieces = text.push(new.tokens, new.drafted, final=state.done)
-                done = state.done or text.stopped
-                job.push(self._chunk(state, new, pieces, self._finish_reason(state, text) if done else None))
-                if done:
-                    outcome = "ok"
-                    break
-                if job.cancelled:
-                    outcome = "cancelled"
-                    break
-                new = step(self.target, self.drafter, state, k)
+            slot = self.batch.add(r.input_ids, r.max_new_tokens, drafter, self.num_draft_tokens, r.sampling, None,
+                                  r.acceptance)
         except MtpspecError as e:
             job.push(e)
-        except Exception as e:  # a bug, not the user's mistake: report it, keep serving
-            log.exception("decoding failed")
-            job.push(e)
-        finally:
             job.push(None)
-            self.metrics.count(outcome, state.stats if state is not None else None)
+            self.metrics.count("error")
+            return
+        with self._cond:
+            self._active[job] = _Active(slot, TextStream(self.decode, r.stop))
+
+    def _release(self, job: Job, new: Round) -> None:
+        """Push a round's released text; a job that is done (EOS, max_tokens, a stop string) leaves."""
+        a = self._active[job]
+        state = a.slot.state
+        try:
+            pieces = a.text.push(new.tokens, new.drafted, final=state.done)
+        except Exception as e:  # the detokenizer failed: this job ends, the others go on
+            log.exception("detokenizing failed")
+            job.push(e)
+            self._leave(job, "error")
+            return
+        done = state.done or a.text.stopped
+        job.push(self._chunk(state, new, pieces, self._finish_reason(state, a.text) if done else None))
+        if done:
+            self._leave(job, "ok")
+
+    def _leave(self, job: Job, outcome: str) -> None:
+        """The job leaves the batch (its cache goes with it) and its stream ends."""
+        with self._cond:
+            a = self._active.pop(job, None)
+        if a is None:
+            return
+        if a.slot in self.batch.slots:
+            self.batch.remove(a.slot)
+        job.push(None)
+        self.metrics.count(outcome, a.slot.state.stats)
 
     @staticmethod
     def _finish_reason(state: DecodeState, text: TextStream) -> str:
@@ -311,11 +378,12 @@ class Engine:
 
 
 def render_metrics(engine: Engine) -> str:
-    """Prometheus text format."""
+    """Prometheus text format. tokens_per_second is each request's own rate over its decoding time,
+    pooled (with several requests at once the server's aggregate is higher: tokens_total over time)."""
     m = engine.metrics
     with m.lock:
         requests, relaxed = dict(m.requests), m.relaxed
-        total = m.total
+        total, steps, rows, running_sum = m.total, m.steps, m.rows, m.running_sum
     tps = total.tokens_per_s or 0.0
     lines = ["# HELP mtpspec_requests_total Requests by outcome (rejected = queue full).",
              "# TYPE mtpspec_requests_total counter"]
@@ -328,8 +396,13 @@ def render_metrics(engine: Engine) -> str:
         ("tokens_per_second", "gauge", "New tokens per second of decoding, over all requests.", round(tps, 3)),
         ("mean_accepted", "gauge", "Tokens per verify forward over all requests (1.0 = no gain from drafts).",
          round(total.mean_accepted, 4)),
-        ("queue_depth", "gauge", "Requests waiting behind the one being decoded.", engine.queue_depth()),
+        ("queue_depth", "gauge", "Requests waiting for a place in the batch.", engine.queue_depth()),
         ("busy", "gauge", "1 while a request is being decoded.", int(engine.busy())),
+        ("running", "gauge", "Requests in the batch now (being prefilled or decoded).", engine.running()),
+        ("batch_steps_total", "counter", "Batch steps: target forwards over the running requests' rows.", steps),
+        ("batch_rows_total", "counter", "Rows over those forwards (verify rows and prompt chunks).", rows),
+        ("rows_per_forward", "gauge", "Mean rows per batch step.", round(rows / steps, 3) if steps else 0.0),
+        ("batch_size", "gauge", "Mean requests in the batch per step.", round(running_sum / steps, 3) if steps else 0.0),
     ):
         lines += [f"# HELP mtpspec_{name} {help_}", f"# TYPE mtpspec_{name} {kind}", f"mtpspec_{name} {value}"]
     return "\n".join(lines) + "\n"
