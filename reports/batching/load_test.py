@@ -20,8 +20,6 @@ tokenized instead, and the table says so), or the model's tokenizer on the text 
 server. Writes OUT/results.json (every request too) and OUT/results.md.
 """
 
-from __future__ import annotations
-
 import argparse
 import asyncio
 import contextlib
@@ -526,6 +524,7 @@ def _terminate(signum: int, _: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where started with SIGINT ignored (`cmd &`)
     cfg.out.mkdir(parents=True, exist_ok=True)
     try:
         if "llama-server" in cfg.servers:
