@@ -360,3 +360,40 @@ def test_everyday_share_asks_template_requests_and_leaves_older_sets_resumable(t
         generate_data(model, tok, tmp_path / "c", DataConfig(num_samples=2, **CFG, recipe="continuation",
                                                              everyday_share=0.5), progress=False)
     assert not (tmp_path / "c").exists()
+
+
+def test_the_batched_engine_writes_mtpspec_plain_decoding_and_resumes_exactly(tiny, tmp_path):
+    """--engine batch: every answer is mtpspec's plain greedy decoding of its prompt (the head's
+    drafts change nothing), the set records how it was written, and a resumed run writes what
+    one run writes."""
+    import mtpspec
+    from mtpspec.training.batch_generate import GENERATION
+    from mtpspec.training.data import recorded_engine, stop_token_ids
+
+    model, tok = tiny
+    head = mtpspec.MTPHead.for_target(model)
+    m = generate_data(model, tok, tmp_path / "one", DataConfig(num_samples=8, **CFG), progress=False, engine="batch",
+                      head=head)
+    assert m["settings"]["generation"] == GENERATION and recorded_engine(tmp_path / "one") == "batch"
+    target, stop = mtpspec.Target(model), stop_token_ids(model, tok)
+    samples = load_samples(tmp_path / "one")
+    assert len(samples) >= 8
+    for ids, pl in samples:
+        # the answer's own length (a stage's max_new, or where it stopped): plain decoding up to it
+        plain = mtpspec.generate(target, None, ids[None, :pl], ids.shape[0] - pl, num_draft_tokens=0, eos_token_id=stop)
+        assert plain.sequences[0].tolist() == ids.tolist()
+    generate_data(model, tok, tmp_path / "two", DataConfig(num_samples=3, **CFG), progress=False, engine="batch", head=head)
+    generate_data(model, tok, tmp_path / "two", DataConfig(num_samples=8, **CFG), progress=False, engine="batch")
+    b = load_samples(tmp_path / "two")
+    assert len(b) == len(samples) and all(torch.equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(samples, b))
+
+
+def test_a_set_keeps_the_engine_that_started_it(tiny, tmp_path):
+    from mtpspec.training.data import recorded_engine
+
+    model, tok = tiny
+    generate_data(model, tok, tmp_path, DataConfig(num_samples=2, **CFG), progress=False, engine="hf")
+    generate_data(model, tok, tmp_path, DataConfig(num_samples=4, **CFG), progress=False, engine="batch")
+    assert recorded_engine(tmp_path) == "hf"
+    with pytest.raises(InputError, match="engine"):
+        generate_data(model, tok, tmp_path / "x", DataConfig(num_samples=2, **CFG), progress=False, engine="vllm")

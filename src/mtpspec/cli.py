@@ -54,6 +54,8 @@ def config_from(cls: type[C], args: dict[str, Any], **parsed: Any) -> C:
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     return cls(**{**{k: v for k, v in args.items() if k in names}, **parsed})
 
+SERVE_SWITCH_INTERVAL_S = 0.0002  # `mtpspec serve`'s GIL switch interval (see serve)
+
 # Options several commands share, declared once so that they read (and default) alike.
 TARGET = typer.Option(None, "--target", "-t", help="Local model dir or .gguf file [default: embedded SmolLM2-135M-Instruct].")
 HEAD = typer.Option(None, "--head", help="Saved head directory [default: the shipped head for the target, else a fresh one].")
@@ -251,17 +253,32 @@ def data(
     dtype: str = typer.Option("auto", "--dtype", help="Generation dtype: bf16, fp32, or auto (the set's own dtype when "
                               "extending one, else bf16 where the CPU has native bf16 matmuls and fp32 where bf16 is "
                               "emulated, several times slower than fp32)."),
+    engine: str = typer.Option("batch", "--engine", help="batch: mtpspec's own batched decode loop (each answer is "
+                               "mtpspec's plain decoding of it; greedy answers drafted by the head), or hf: Hugging Face "
+                               "generate (the older sets' generator). A set is always extended by the engine that "
+                               "started it."),
+    head: Path = typer.Option(None, "--head", help="With --engine batch: the head that drafts greedy answers [default: "
+                              "the shipped head for the target, else none: plain decoding, the same text]."),
+    weights: str = WEIGHTS,
     threads: int = THREADS,
 ) -> None:
     """Write self-distillation data: the target's own prompts and responses, as compressed token shards."""
-    from .training.data import generate_data, recorded_dtype
+    from .pretrained import load_head, shipped_head_dir
+    from .training.data import generate_data, recorded_dtype, recorded_engine
 
     cfg = config_from(DataConfig, locals())
     set_threads(threads)
     if dtype == "auto":
         dtype = recorded_dtype(out) or "auto"
-    loaded, _ = open_target(target, dtype)
-    m = generate_data(loaded.model, loaded.tokenizer, out, cfg, prompts_file, corpus, passages=passages or None)
+    engine = recorded_engine(out) or engine
+    # Hugging Face's generate computes on dense weights; the batched loop on the file's blocks (same values)
+    loaded, tgt = open_target(target, dtype, weights if engine == "batch" else "dense")
+    drafter = None
+    if engine == "batch":
+        where = head if head is not None else shipped_head_dir(loaded.name)
+        drafter = load_head(where, tgt) if where is not None else None
+    m = generate_data(loaded.model, loaded.tokenizer, out, cfg, prompts_file, corpus, passages=passages or None,
+                      engine=engine, head=drafter)
     typer.echo(f"{m['num_samples']} samples, {m['num_tokens']} tokens ({m['num_response_tokens']} in responses) "
                f"in {m['num_shards']} shards at {out}")
 
@@ -634,6 +651,9 @@ def serve(
     from .serve import load_engine
 
     set_threads(threads)
+    # The decode thread gives up the GIL for each forward (C) and needs it back the moment the
+    # forward ends; by default a thread may wait up to 5 ms for the event loop to hand it over.
+    sys.setswitchinterval(SERVE_SWITCH_INTERVAL_S)
     engine = load_engine(target, head, dtype, num_draft_tokens, weights=weights, warn=_warn, drafter=drafter_kind(tree, switch),
                          max_queue=max_queue, max_running=max_running, max_rows=max_rows,
                          max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens)

@@ -39,8 +39,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessorList
 
+from ..core.drafters import default_k
 from ..core.target import Target
 from ..errors import DataError, InputError
+from .batch_generate import GENERATION, batch_generate
 from .everyday import everyday_request
 from .fast_generate import NucleusSampler, attention_implementation, generation, length_buckets
 from .shards import read_manifest, save_manifest, shard_path, write_shard
@@ -271,6 +273,19 @@ class _Writer:
         return new
 
 
+class _BatchWriter(_Writer):
+    """Generation through mtpspec's own batched decode loop (`batch_generate.py`): the same
+    prompts, stages and cuts, each row mtpspec's plain decoding of it."""
+
+    def __init__(self, model: Any, tokenizer: Any, cfg: DataConfig, stop_ids: list[int], head: Any = None):
+        super().__init__(model, tokenizer, cfg, stop_ids)
+        self.target = Target(model)
+        self.head, self.k = head, (default_k(head) if head is not None else 0)
+
+    def generate(self, rows: list[list[int]], max_new: int, temperature: float) -> list[list[int]]:
+        return batch_generate(self.target, rows, max_new, temperature, TOP_P, self.stop_ids, self.head, self.k)
+
+
 Sample = tuple[list[int], int]  # (prompt + answer ids, prompt length)
 
 
@@ -400,7 +415,7 @@ def resolve_recipe(recipe: str, tokenizer: Any) -> str:
 
 def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConfig,
                   prompts_file: str | None = None, corpus: str | None = None, progress: bool = True,
-                  passages: list[str] | None = None) -> dict[str, Any]:
+                  passages: list[str] | None = None, engine: str = "hf", head: Any = None) -> dict[str, Any]:
     """Write at least `cfg.num_samples` target-generated samples into out_dir (resumable).
 
     Everything that can be wrong with the inputs (a recipe the tokenizer cannot serve, a
@@ -410,7 +425,12 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     avx512_bf16, and its rare argmax flips hardly matter for training. Generation runs through
     `fast_generate` (nucleus sampling from the top candidates, grouped decode attention, one
     generate call per length bucket); the manifest records it, and a set started before any of
-    these existed is extended as it was written (HF's own generation; one call per batch)."""
+    these existed is extended as it was written (HF's own generation; one call per batch).
+    engine="batch": generation through mtpspec's own batched decode loop instead
+    (`batch_generate.py`; greedy answers drafted by `head` if given): each row is mtpspec's plain
+    decoding of it, recorded as such; a set keeps the engine it was started with."""
+    if engine not in ("hf", "batch"):
+        raise InputError(f"engine must be 'hf' (Hugging Face generate) or 'batch' (mtpspec's batched loop), got {engine!r}.")
     out = Path(out_dir)
     recipe = resolve_recipe(cfg.recipe, tokenizer)
     if out.exists() and not out.is_dir():
@@ -435,9 +455,15 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     if real:  # the passages themselves, not only their path: other files there must not resume this run
         digest = hashlib.sha1("\0".join(t for _, t in real).encode()).hexdigest()[:16]
         settings["passages"] = {"paths": [str(p) for p in passages or []], "count": len(real), "sha1": digest}
-    settings["generation"] = generation(model)
+    was = recorded_engine(out)
+    if was is not None:
+        engine = was  # a set is extended by the engine that wrote it
+    settings["generation"] = dict(GENERATION) if engine == "batch" else generation(model)
     manifest = _load_manifest(out, target, settings)
     out.mkdir(parents=True, exist_ok=True)
+    if engine == "batch":
+        return _write(model, tokenizer, out, cfg, recipe, extra, real, manifest, progress,
+                      writer=_BatchWriter(model, tokenizer, cfg, stop_token_ids(model, tokenizer), head))
     # None: a set started before `fast_generate`, extended with HF's own generation, as it was written
     how = manifest["settings"].get("generation")
     with attention_implementation(model, how["attention"]) if how else contextlib.nullcontext():
@@ -446,10 +472,10 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
 
 
 def _write(model: Any, tokenizer: Any, out: Path, cfg: DataConfig, recipe: str, extra: list[str],
-           real: list[tuple[str, str]], manifest: dict[str, Any], progress: bool, fast: bool,
-           buckets: bool) -> dict[str, Any]:
+           real: list[tuple[str, str]], manifest: dict[str, Any], progress: bool, fast: bool = True,
+           buckets: bool = True, writer: _Writer | None = None) -> dict[str, Any]:
     """The batch loop of `generate_data`, from the manifest's resume point."""
-    writer = _Writer(model, tokenizer, cfg, stop_token_ids(model, tokenizer), fast, buckets)
+    writer = writer or _Writer(model, tokenizer, cfg, stop_token_ids(model, tokenizer), fast, buckets)
     done = manifest["num_samples"]
     stream = _prompt_stream(cfg, recipe, extra, real)
     for _ in range(manifest["prompts_consumed"]):  # replay the deterministic stream
@@ -514,6 +540,15 @@ def recorded_dtype(out: str | Path) -> str | None:
         return read_manifest(Path(out))["settings"]["dtype"]
     except (DataError, KeyError, TypeError):
         return None
+
+
+def recorded_engine(out: str | Path) -> str | None:
+    """"batch" or "hf": the engine a data set was written by, or None where out holds no set."""
+    try:
+        how = read_manifest(Path(out))["settings"].get("generation") or {}
+    except (DataError, KeyError, TypeError, AttributeError):
+        return None
+    return "batch" if how.get("engine") == GENERATION["engine"] else "hf"
 
 
 def _load_manifest(out: Path, target: Target, settings: dict[str, Any]) -> dict[str, Any]:
