@@ -22,12 +22,12 @@ from typing import Any
 import torch
 
 from ..config import SamplingConfig
-from ..core.batch import Batch, BatchConfig
+from ..core.batch import BATCH_ROWS_MAX, Batch, BatchConfig
 from ..core.target import Target
 
 GENERATION = {"engine": "mtpspec-batch", "sampling": "mtpspec-seeded-rows"}
 # Rows decoded together: each holds its own cache (about 12 MB for SmolLM2 at 512 positions).
-MAX_RUNNING = 16
+MAX_RUNNING = 48
 
 
 def batch_generate(target: Target, rows: list[list[int]], max_new: int, temperature: float, top_p: float,
@@ -39,7 +39,7 @@ def batch_generate(target: Target, rows: list[list[int]], max_new: int, temperat
     load, and sampled drafts pay little in a full batch)."""
     seeds = torch.randint(0, 2**62, (len(rows),)).tolist()  # from the global generator, seeded per batch
     greedy = temperature <= 0
-    batch = Batch(target, config or BatchConfig())
+    batch = Batch(target, config or BatchConfig(max_rows=BATCH_ROWS_MAX))
     out: list[list[int]] = [[] for _ in rows]
     pending = list(range(len(rows)))[::-1]
     live: dict[int, int] = {}  # id(slot) -> row
