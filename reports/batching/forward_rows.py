@@ -1,0 +1,65 @@
+"""What a batched forward costs on this machine: the fused forward over n sequences of r rows each
+(every sequence with its own cache of `--context` committed positions), and the MTP head drafting
+k tokens for n requests at once (`MTPHead.propose_many`) against one after another. Median of
+`--repeats` runs each, nothing else running; the embedded SmolLM2 on its GGUF blocks (bf16).
+
+    python reports/batching/forward_rows.py
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--context", type=int, default=200, help="committed positions in each sequence's cache")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import mtpspec
+    from mtpspec.config import SamplingConfig
+    from mtpspec.core.draft import DraftInput
+    from mtpspec.core.fused import SeqRows
+    from mtpspec.measure.costs import median_time
+    from mtpspec.models import load_target
+    from mtpspec.pretrained import resolve_head
+
+    loaded = load_target(None, "auto", "auto")
+    t = mtpspec.Target(loaded.model)
+    head = resolve_head(t, loaded.name, None).head
+    g = torch.Generator().manual_seed(0)
+    L = args.context
+    caches = []
+    for _ in range(16):
+        c = t.new_cache(L + 128)
+        t.forward(torch.randint(0, t.vocab_size, (1, L), generator=g), c)
+        caches.append(c)
+    print(f"fused forward, {L} positions of context each ({t.engine}, {t.dtype}, {args.threads} threads)")
+    print("| sequences | rows each | rows | ms |\n|---|---|---|---|")
+    for n, r in [(1, 1), (1, 4), (2, 1), (4, 1), (8, 1), (16, 1), (2, 4), (4, 4), (8, 4), (12, 4), (16, 3)]:
+        ids = [torch.randint(0, t.vocab_size, (1, r), generator=g) for _ in range(n)]
+
+        def run() -> None:
+            for c in caches[:n]:
+                c.length = L
+            t.forward_many([SeqRows(i, c) for i, c in zip(ids, caches[:n])])
+        print(f"| {n} | {r} | {n * r} | {median_time(run, args.repeats) * 1000:.2f} |", flush=True)
+    for c in caches:
+        c.length = L
+    tokens = torch.randint(0, t.vocab_size, (1, L + 1), generator=g)
+    greedy = SamplingConfig()
+    print("\nhead drafts, k = 3 each\n| requests | together ms | one by one ms |\n|---|---|---|")
+    for n in (1, 4, 8, 16):
+        inps = [DraftInput(tokens, torch.randn(1, t.hidden_size, generator=g).to(t.dtype), caches[i]) for i in range(n)]
+        together = median_time(lambda: head.propose_many(inps, [3] * n, [greedy] * n, [None] * n), args.repeats)
+        alone = median_time(lambda: [head.propose(i, 3, greedy, None) for i in inps], args.repeats)
+        print(f"| {n} | {together * 1000:.2f} | {alone * 1000:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
