@@ -223,10 +223,11 @@ class Verify:
 
 
 def conclude(state: DecodeState, drafter: Drafter | None, v: Verify, out: TargetStep, draft_s: float,
-             verify_s: float) -> Round:
+             verify_s: float, p: torch.Tensor | None = None) -> Round:
     """Accept the longest agreeing path plus the target's own next token; roll the cache back to
-    that path; continue from the features of its last row, which the verify pass computed."""
-    path, nxt = accept(v.draft, out.logits[0], state.sampling, state.generator, state.acceptance)  # rows, root first
+    that path; continue from the features of its last row, which the verify pass computed.
+    `p`: the target's law over the verify rows, if already computed (sampling)."""
+    path, nxt = accept(v.draft, out.logits[0], state.sampling, state.generator, state.acceptance, p)  # rows, root first
     state.cache.keep(v.start, path)
     state.hidden = out.hidden[:, path[-1]]  # (1, F)
     accepted = [int(t) for t in v.rows[0, path[1:]]] + [nxt]

@@ -191,14 +191,17 @@ def accept_speculative_tree(
 
 
 def accept(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig,
-           generator: torch.Generator | None, acceptance: AcceptanceConfig | None = None) -> tuple[list[int], int]:
+           generator: torch.Generator | None, acceptance: AcceptanceConfig | None = None,
+           p: torch.Tensor | None = None) -> tuple[list[int], int]:
     """The acceptance rule for this draft and sampling setting: greedy or speculative sampling,
     chain or tree. target_logits: (N + 1, V), row 0 after the last committed token, row i + 1
     after draft i. Returns the verify rows kept (root first: the accepted drafts are rows
     1..len - 1) and the next token, the target's own. When sampling, a draft without q was
     proposed deterministically and is verified against point masses. `acceptance`: None or
     `exact` is the exact rule; a relaxed one also accepts the drafts `relaxed_passes` names,
-    each judged against the target's law at its parent's row (softmax of the logits when greedy)."""
+    each judged against the target's law at its parent's row (softmax of the logits when greedy).
+    `p` (N + 1, V): the target's law already computed from these logits (`probs_from_logits`,
+    e.g. for many requests' rows at once), else it is computed here."""
     relaxed = acceptance is not None and not acceptance.exact
     if sampling.greedy:
         passes = _greedy_passes(draft, target_logits, acceptance) if relaxed else None  # type: ignore[arg-type]
@@ -206,7 +209,8 @@ def accept(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig,
             return accept_greedy_tree(draft.tokens, draft.parent_list(), target_logits, passes)
         n, nxt = accept_greedy(draft.tokens, target_logits, passes)
         return list(range(n + 1)), nxt
-    p = probs_from_logits(target_logits, sampling)  # (N + 1, V)
+    if p is None:
+        p = probs_from_logits(target_logits, sampling)  # (N + 1, V)
     q = draft.q.to(p) if draft.q is not None else point_masses(draft.tokens, p.shape[1]).to(p)  # (N, V)
     passes = relaxed_passes(draft.tokens, p[_judged_rows(draft)], acceptance) if relaxed else None  # type: ignore[arg-type]
     if not draft.is_chain:
