@@ -247,7 +247,6 @@ def step(target: Target, drafter: Drafter | None, state: DecodeState, num_draft_
     """One round: draft, verify in one target forward, accept, roll back. Returns what it
     emitted, already appended to `state`: the accepted drafts and the target's own token (at
     least one token; none once `state.done`)."""
-    _check_draft_count(num_draft_tokens)
     if state.done:
         return Round(tokens=(), drafted=())
     # 1. Draft k tokens (a chain, or a tree of k nodes); the drafter reads the cache, never writes it.

@@ -236,12 +236,6 @@ class FusedForward:
         """False once any weight read here was given new data (`param.data = ...`, a cast)."""
         return self.pointers.current()
 
-    def __call__(self, input_ids: torch.Tensor, cache: KVCache, hidden_layers: tuple[int, ...], positions: torch.Tensor,
-                 layout: TreeLayout | None, logits_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`Target.forward` once it has resolved its arguments (positions (T,), layout None for a
-        chain, room in the cache): (logits (1, Tk, V) float32, hidden (1, T, F))."""
-        return self.many([SeqRows(input_ids, cache, positions, layout, logits_to_keep)], hidden_layers)[0]
-
     def many(self, seqs: list[SeqRows], hidden_layers: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The rows of several sequences in one forward (`Target.forward_many`), each over its own
         cache: per sequence (logits (1, Tk, V) float32, hidden (1, T, F)), what it would get alone."""
@@ -264,11 +258,10 @@ class FusedForward:
             sin_l.append(signed_sin(sin[0]).to(dt))
         cos, sin = torch.cat(cos_l).contiguous(), torch.cat(sin_l).contiguous()  # (T, hd) each
         pos = torch.cat([sq.positions for sq in seqs]).to(torch.int32).contiguous()
-        structs, keep, log_rows, row0 = (_Seq * len(seqs))(), [], [], 0
+        structs, log_rows, row0 = (_Seq * len(seqs))(), [], 0
         for i, (sq, Ts_i) in enumerate(zip(seqs, Ts)):
             # a tree: each row's ancestors and itself, (T_s,) counts and (T_s, T_s) rows in depth order
             nanc, anc = (None, None) if sq.layout is None else (sq.layout.nanc, sq.layout.anc)
-            keep += [nanc, anc]
             c = sq.cache
             structs[i] = _Seq(row0=row0, T=Ts_i, start=c.length, S=c.capacity, keys=c.keys.data_ptr(),
                               values=c.values.data_ptr(), nanc=None if nanc is None else nanc.data_ptr(),

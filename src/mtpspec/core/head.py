@@ -337,23 +337,19 @@ class MTPHead(nn.Module):
     def propose(self, inp: DraftInput, k: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft:
         """Draft k tokens, one after another, from the target's cache and last hidden state."""
+        if (fast := self.fused_step()) is not None:  # each step as one C call
+            return self._propose_fused(fast, [inp], [k], [sampling], [generator])[0]
         keys, values = inp.cache.layer(self.kv_layer)  # (1, Hk, L, hd), views of the target's cache
         L = keys.shape[2]
         state = self.initial_state(inp.hidden.unsqueeze(1))  # (1, 1, D)
         tok = inp.tokens[:, -1:]  # (1, 1): the token at position L
-        positions = torch.arange(L, L + k, device=state.device).unsqueeze(0)  # (1, K)
-        cos_all, sin_all = self.rope(positions, state)  # (1, K, hd)
+        cos_all, sin_all = self.rope(torch.arange(L, L + k, device=state.device).unsqueeze(0), state)  # (1, K, hd)
         ids, extra = self.round_vocab(inp.tokens)  # (V'',), (E, D): this round's vocabulary
-        fast = self.fused_step()
-        if fast is not None:
-            sin_signed = signed_sin(sin_all[0])  # (K, hd)
-        drafted, qs = [], []
+        drafted: list[torch.Tensor] = []
+        qs: list[torch.Tensor] = []
         for j in range(k):
-            if fast is not None:  # the same step as one C call
-                state, logits = fast.step(state, tok, cos_all[0, j], sin_signed[j], inp.cache, self.kv_layer, extra)
-            else:
-                state = self.step(state, tok, cos_all[:, j:j + 1], sin_all[:, j:j + 1], keys, values, None)
-                logits = self.project(self.target.final_norm(state), extra)[:, 0]  # (1, V'')
+            state = self.step(state, tok, cos_all[:, j:j + 1], sin_all[:, j:j + 1], keys, values, None)
+            logits = self.project(self.target.final_norm(state), extra)[:, 0]  # (1, V'')
             tok = self._pick(logits, ids, sampling, generator, drafted, qs)
         return self._draft(drafted, qs)
 
@@ -365,9 +361,13 @@ class MTPHead(nn.Module):
         vocabulary, `round_vocab`); each request gets, bit for bit and draw for draw from its own
         generator, the draft `propose` gives it alone. Where the step does not run fused, the
         requests draft one after another."""
-        fast = self.fused_step()
-        if fast is None or len(inps) < 2:
+        if (fast := self.fused_step()) is None:
             return [self.propose(i, k, s, g) for i, k, s, g in zip(inps, ks, samplings, generators)]
+        return self._propose_fused(fast, inps, ks, samplings, generators)
+
+    def _propose_fused(self, fast: fused.FusedHead, inps: list[DraftInput], ks: list[int],
+                       samplings: list[SamplingConfig], generators: list[torch.Generator | None]) -> list[Draft]:
+        """The drafts of one or more requests, each draft depth of all of them as one C call."""
         n = len(inps)
         states, toks, tables, vocab = [], [], [], []
         for inp, k in zip(inps, ks):

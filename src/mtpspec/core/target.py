@@ -572,27 +572,11 @@ class Target:
         the largest matmul.
         hidden_layers: which features to return, indices into (embeddings, layer 1 input, ...,
         final normed output) as HF's `output_hidden_states` counts them (-1 = the final one)."""
-        B, T = input_ids.shape
-        if B != 1:
-            raise InputError(f"mtpspec decodes one sequence at a time; got a batch of {B}.")
         if tree_mask is not None:
             if layout is not None:
                 raise InputError("forward takes a tree as layout or as tree_mask, not both.")
             layout = TreeLayout.from_mask(tree_mask)
-        if layout is not None and layout.rows != T:
-            raise InputError(f"the tree layout has {layout.rows} rows, but {T} tokens were given.")
-        start = cache.length
-        if positions is None:
-            positions = torch.arange(start, start + T) if layout is None else layout.positions(start)
-        positions = positions.to(input_ids.device)  # (T,)
-        if layout is not None and layout.is_chain:
-            layout = None  # a tree that is a chain verifies as one
-        self._refresh()
-        cache.reserve(start + T)
-        if (run := self._fused_forward()) is not None:
-            logits, hidden = run(input_ids, cache, hidden_layers, positions, layout, logits_to_keep)
-            return TargetStep(logits=logits, hidden=hidden)
-        return self._torch_forward(input_ids, cache, hidden_layers, positions, layout, logits_to_keep)
+        return self.forward_many([SeqRows(input_ids, cache, positions, layout, logits_to_keep)], hidden_layers)[0]
 
     @torch.no_grad()
     def forward_many(self, seqs: list[SeqRows], hidden_layers: tuple[int, ...] = (-1,)) -> list[TargetStep]:
@@ -601,29 +585,32 @@ class Target:
         The fused forward runs them as one call (each weight read once for all rows); the torch
         engine runs them one after another. A `SeqRows` with positions None gets `forward`'s
         default positions."""
-        resolved = []
-        for sq in seqs:
-            B, T = sq.input_ids.shape
-            if B != 1:
-                raise InputError(f"each sequence of forward_many is one sequence; got a batch of {B}.")
-            if sq.layout is not None and sq.layout.rows != T:
-                raise InputError(f"the tree layout has {sq.layout.rows} rows, but {T} tokens were given.")
-            start = sq.cache.length
-            positions = sq.positions
-            if positions is None:
-                positions = torch.arange(start, start + T) if sq.layout is None else sq.layout.positions(start)
-            layout = None if sq.layout is not None and sq.layout.is_chain else sq.layout
-            resolved.append(dataclasses.replace(sq, positions=positions.to(sq.input_ids.device), layout=layout))
         if len({id(sq.cache) for sq in seqs}) != len(seqs):
             raise InputError("forward_many: each sequence needs its own cache.")
+        resolved = [self._resolve(sq) for sq in seqs]
         self._refresh()
-        run = self._fused_forward()
-        if run is None or len(resolved) == 1:
-            return [self.forward(sq.input_ids, sq.cache, hidden_layers, sq.positions, None, sq.logits_to_keep, sq.layout)
-                    for sq in resolved]
-        for sq in resolved:
-            sq.cache.reserve(sq.cache.length + sq.input_ids.shape[1])
-        return [TargetStep(logits=lg, hidden=h) for lg, h in run.many(resolved, hidden_layers)]
+        if (run := self._fused_forward()) is not None:
+            return [TargetStep(logits=lg, hidden=h) for lg, h in run.many(resolved, hidden_layers)]
+        return [self._torch_forward(sq.input_ids, sq.cache, hidden_layers, sq.positions, sq.layout, sq.logits_to_keep)
+                for sq in resolved]
+
+    @staticmethod
+    def _resolve(sq: SeqRows) -> SeqRows:
+        """One sequence's rows checked, with their positions (the layout's from the root at the
+        cache's length; a chain's length..length+T-1) and room in its cache; a tree that is a
+        chain verifies as one (layout None)."""
+        B, T = sq.input_ids.shape
+        if B != 1:
+            raise InputError(f"mtpspec decodes one sequence at a time; got a batch of {B}.")
+        if sq.layout is not None and sq.layout.rows != T:
+            raise InputError(f"the tree layout has {sq.layout.rows} rows, but {T} tokens were given.")
+        start = sq.cache.length
+        positions = sq.positions
+        if positions is None:
+            positions = torch.arange(start, start + T) if sq.layout is None else sq.layout.positions(start)
+        sq.cache.reserve(start + T)
+        layout = None if sq.layout is not None and sq.layout.is_chain else sq.layout
+        return dataclasses.replace(sq, positions=positions.to(sq.input_ids.device), layout=layout)
 
     def _torch_forward(self, input_ids: torch.Tensor, cache: KVCache, hidden_layers: tuple[int, ...],
                        positions: torch.Tensor, layout: TreeLayout | None, logits_to_keep: int) -> TargetStep:
