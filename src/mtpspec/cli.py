@@ -264,12 +264,13 @@ def data(
 ) -> None:
     """Write self-distillation data: the target's own prompts and responses, as compressed token shards."""
     from .pretrained import load_head, shipped_head_dir
-    from .training.data import generate_data, recorded_dtype, recorded_engine
+    from .training.data import check_engine, generate_data, recorded_dtype, recorded_engine
 
     cfg = config_from(DataConfig, locals())
     set_threads(threads)
     if dtype == "auto":
         dtype = recorded_dtype(out) or "auto"
+    check_engine(engine)  # before the model loads
     engine = recorded_engine(out) or engine
     # Hugging Face's generate computes on dense weights; the batched loop on the file's blocks (same values)
     loaded, tgt = open_target(target, dtype, weights if engine == "batch" else "dense")

@@ -109,6 +109,7 @@ class Batch:
         self.config = config or BatchConfig()
         self.slots: list[Slot] = []  # in arrival order
         self._turn = 0  # round robin: the running request that goes first next step
+        self.rows_last = 0  # rows of the last step's forward
 
     def add(self, input_ids: torch.Tensor, max_new_tokens: int = 128, drafter: Drafter | None = None, k: int = 0,
             sampling: SamplingConfig | None = None, eos_token_id: int | Sequence[int] | None = None,
@@ -133,11 +134,6 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.slots)
-
-    @property
-    def rows_last(self) -> int:
-        """Rows of the last step's forward (0 before the first)."""
-        return getattr(self, "_rows_last", 0)
 
     @torch.no_grad()
     def step(self) -> list[tuple[Slot, Round]]:
@@ -180,7 +176,7 @@ class Batch:
                                             zip(chosen, verifies)]
         seqs += [(s, SeqRows(s.state.tokens[:, s.prefilled:s.prefilled + n], s.state.cache, logits_to_keep=1))
                  for s, n in chunks]
-        self._rows_last = sum(int(sq.input_ids.shape[1]) for _, sq in seqs)
+        self.rows_last = sum(int(sq.input_ids.shape[1]) for _, sq in seqs)
         outs = {}
         for layers in dict.fromkeys(s.state.hidden_layers for s, _ in seqs):
             group = [(s, sq) for s, sq in seqs if s.state.hidden_layers == layers]

@@ -687,7 +687,7 @@ static void swiglu(const float *y, const elem *bg, int R, int M, elem *g) {
 }
 
 typedef struct {
-    int n_layers, D, H, Hk, hd, M, V, S;
+    int n_layers, D, H, Hk, hd, M, V;
     /* per layer: weights (bf16, row-major (out, in)), biases (NULL = none), norm weights */
     const elem **attn_norm, **mlp_norm, **bqkv, **bo, **bgu, **bdown;
     const Mat *wqkv, *wo, *wgu, *wdown; /* per layer: the matrices (q, k, v and gate, up: parts) */
@@ -698,7 +698,6 @@ typedef struct {
     float final_eps;
     Mat lm_w;
     const elem *lm_b;
-    elem *keys, *values; /* (N, Hk, S, hd): RoPE'd keys and values, one slot per position */
 } Model;
 
 /* For each of NQ queries j: oacc[j] (hd) fp32 += sum over the cnt rows v (cnt, hd) fp32, in
@@ -1047,9 +1046,9 @@ typedef struct {
  * pos (T,): positions; cos, sin (T, hd): the rotary table there, sin with its first half negated.
  * feat_layers (nfeat,): layer indices whose input rows to copy to feats (nfeat, T, D) in that
  * order (index N: the final normed rows). logits (nlog, V) fp32 for rows log_rows[0..nlog-1]. */
-static void forward_seqs(const Model *m, int nseq, const Seq *seqs, elem *x, int T, const int *pos,
-                         const elem *cos, const elem *sin, int nfeat, const int *feat_layers, elem *feats,
-                         int nlog, const int *log_rows, float *logits, int nthreads) {
+void fused_forward_seqs(const Model *m, int nseq, const Seq *seqs, elem *x, int T, const int *pos,
+                        const elem *cos, const elem *sin, int nfeat, const int *feat_layers, elem *feats,
+                        int nlog, const int *log_rows, float *logits, int nthreads) {
     const int D = m->D, H = m->H, Hk = m->Hk, hd = m->hd, M = m->M;
     const int Q = (H + 2 * Hk) * hd;
     const int wide = Q > 2 * M ? Q : 2 * M;
@@ -1137,25 +1136,6 @@ static void forward_seqs(const Model *m, int nseq, const Seq *seqs, elem *x, int
     free(xv); free(y); free(h); free(qb); free(ab); free(gb); free(lx); free(scratch); free(row_seq); free(att);
 }
 
-/* One sequence (the model's own cache, m->keys / m->values of m->S slots, `start` committed):
- * T rows, logits (Tk, V) for the last Tk of them. See forward_seqs. */
-void fused_forward(const Model *m, elem *x, int T, int start, const int *pos, const int *nanc, const int *anc,
-                   const elem *cos, const elem *sin, int nfeat, const int *feat_layers, elem *feats,
-                   int Tk, float *logits, int nthreads) {
-    Seq s = {0, T, start, m->S, m->keys, m->values, nanc, anc};
-    int *rows = malloc(sizeof(int) * (size_t)(Tk > 0 ? Tk : 1));
-    for (int i = 0; i < Tk; i++) rows[i] = T - Tk + i;
-    forward_seqs(m, 1, &s, x, T, pos, cos, sin, nfeat, feat_layers, feats, Tk, rows, logits, nthreads);
-    free(rows);
-}
-
-/* Several sequences in one forward (see forward_seqs): nseq entries of seqs. */
-void fused_forward_seqs(const Model *m, int nseq, const Seq *seqs, elem *x, int T, const int *pos,
-                        const elem *cos, const elem *sin, int nfeat, const int *feat_layers, elem *feats,
-                        int nlog, const int *log_rows, float *logits, int nthreads) {
-    forward_seqs(m, nseq, seqs, x, T, pos, cos, sin, nfeat, feat_layers, feats, nlog, log_rows, logits, nthreads);
-}
-
 /* y (R, O) fp32 = x (R, I) @ w (O, I)^T: the forward's matmul alone (tests, measurements). */
 void fused_matmul(const elem *x, int R, int I, const elem *w, int O, float *y, int nthreads) {
     elem *xv = malloc(sizeof(elem) * (size_t)((R + 15) / 16 * 16) * I);
@@ -1205,9 +1185,9 @@ typedef struct {
  * then the row's sequence's own w_extra[s] (E[s], D; Emax >= every E[s], zeros after a row's E[s]),
  * from the target's final norm of the new states. Every row is computed as it would be alone (row
  * invariance, above). */
-static void head_seqs(const Head *h, int nseq, const Seq *seqs, int R, const elem *state, const elem *emb,
-                      const elem *cos, const elem *sin, const Mat *w_vocab, int V1,
-                      const elem *const *w_extra, const int *E, int Emax, elem *state_out, float *logits, int nthreads) {
+void head_step_seqs(const Head *h, int nseq, const Seq *seqs, int R, const elem *state, const elem *emb,
+                    const elem *cos, const elem *sin, const Mat *w_vocab, int V1,
+                    const elem *const *w_extra, const int *E, int Emax, elem *state_out, float *logits, int nthreads) {
     const int D = h->D, H = h->H, hd = h->hd, M = h->M;
     int wide = 2 * D > 2 * M ? 2 * D : 2 * M;
     wide = wide > H * hd ? wide : H * hd;
@@ -1283,11 +1263,4 @@ static void head_seqs(const Head *h, int nseq, const Seq *seqs, int R, const ele
             }
     }
     free(u); free(n2); free(q); free(a); free(y); free(l1); free(l2); free(xv); free(scratch); free(pos); free(none); free(att); free(row_seq); free(l2off);
-}
-
-/* Several sequences' rows in one draft step (see head_seqs); cos, sin (R, hd). */
-void head_step_seqs(const Head *h, int nseq, const Seq *seqs, int R, const elem *state, const elem *emb,
-                    const elem *cos, const elem *sin, const Mat *w_vocab, int V1, const elem *const *w_extra,
-                    const int *E, int Emax, elem *state_out, float *logits, int nthreads) {
-    head_seqs(h, nseq, seqs, R, state, emb, cos, sin, w_vocab, V1, w_extra, E, Emax, state_out, logits, nthreads);
 }

@@ -62,12 +62,12 @@ _P = ctypes.c_void_p
 
 
 class _Model(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int) for n in ("n_layers", "D", "H", "Hk", "hd", "M", "V", "S")] + [
+    _fields_ = [(n, ctypes.c_int) for n in ("n_layers", "D", "H", "Hk", "hd", "M", "V")] + [
         (n, ctypes.POINTER(_P)) for n in ("attn_norm", "mlp_norm", "bqkv", "bo", "bgu", "bdown")
     ] + [(n, ctypes.POINTER(quant.Mat)) for n in ("wqkv", "wo", "wgu", "wdown")] + [
         (n, ctypes.POINTER(ctypes.c_float)) for n in ("attn_eps", "mlp_eps", "scale")] + [
         ("rope", ctypes.POINTER(ctypes.c_int)), ("window", ctypes.POINTER(ctypes.c_int)),
-        ("final_norm", _P), ("final_eps", ctypes.c_float), ("lm_w", quant.Mat), ("lm_b", _P), ("keys", _P), ("values", _P),
+        ("final_norm", _P), ("final_eps", ctypes.c_float), ("lm_w", quant.Mat), ("lm_b", _P),
     ]
 
 
@@ -94,9 +94,6 @@ def _library(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, b
     so, why = native.build(SOURCE, *BUILDS[dtype])
     if so is None:
         return None, False, why
-    so.fused_forward.argtypes = [ctypes.POINTER(_Model), _P, ctypes.c_int, ctypes.c_int, _P, _P, _P, _P, _P,
-                                 ctypes.c_int, _P, _P, ctypes.c_int, _P, ctypes.c_int]
-    so.fused_forward.restype = None
     so.fused_forward_seqs.argtypes = [ctypes.POINTER(_Model), ctypes.c_int, ctypes.POINTER(_Seq), _P, ctypes.c_int, _P,
                                       _P, _P, ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, ctypes.c_int]
     so.fused_forward_seqs.restype = None
@@ -218,7 +215,7 @@ class FusedForward:
         Ls = list(weights.layers)  # pre-norm layers (`unsupported`): attn_norm and mlp_norm are set
         self.pointers = W = _Pointers(target.dtype)
         m = _Model(n_layers=len(Ls), D=target.hidden_size, H=target.num_heads, Hk=target.num_kv_heads,
-                   hd=target.head_dim, M=Ls[0].gate_up.out_features // 2, V=target.vocab_size, S=0)
+                   hd=target.head_dim, M=Ls[0].gate_up.out_features // 2, V=target.vocab_size)
         m.attn_norm, m.attn_eps = W.norms([L.attn_norm for L in Ls])  # type: ignore[misc]
         m.mlp_norm, m.mlp_eps = W.norms([L.mlp_norm for L in Ls])  # type: ignore[misc]
         m.wqkv, m.bqkv = W.projections([L.qkv for L in Ls])

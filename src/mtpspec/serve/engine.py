@@ -68,7 +68,11 @@ class ServeConfig:
             raise InputError(f"max_queue must be >= 0, got {self.max_queue}.")
         if self.max_running < 1:
             raise InputError(f"max_running must be >= 1, got {self.max_running}.")
-        BatchConfig(max_rows=self.max_rows, prefill_rows=min(16, self.max_rows))  # refuses a bad max_rows with its reason
+        self.batch_config()  # refuses a bad max_rows with its reason
+
+    def batch_config(self) -> BatchConfig:
+        """The batch the worker decodes on: max_rows a forward, up to 16 of them for prompts."""
+        return BatchConfig(max_rows=self.max_rows, prefill_rows=min(16, self.max_rows))
         if self.max_tokens_limit < 1 or self.default_max_tokens < 1:
             raise InputError("max_tokens_limit and default_max_tokens must be >= 1.")
 
@@ -213,8 +217,7 @@ class Engine:
         self._cond = threading.Condition()
         self._closed = False
         self._active: dict[Job, _Active] = {}  # the jobs in the batch (written by the worker, under _cond)
-        self.batch = Batch(self.target, BatchConfig(max_rows=self.config.max_rows,
-                                                    prefill_rows=min(16, self.config.max_rows)))
+        self.batch = Batch(self.target, self.config.batch_config())
         # The HTTP side encodes prompts while the worker decodes replies: a fast tokenizer's
         # Rust object must not be used by two threads at once ("Already borrowed").
         self._tokenizer_lock = threading.Lock()

@@ -277,9 +277,9 @@ class _BatchWriter(_Writer):
     """Generation through mtpspec's own batched decode loop (`batch_generate.py`): the same
     prompts, stages and cuts, each row mtpspec's plain decoding of it."""
 
-    def __init__(self, model: Any, tokenizer: Any, cfg: DataConfig, stop_ids: list[int], head: Any = None):
-        super().__init__(model, tokenizer, cfg, stop_ids)
-        self.target = Target(model)
+    def __init__(self, target: Target, tokenizer: Any, cfg: DataConfig, stop_ids: list[int], head: Any = None):
+        super().__init__(target.model, tokenizer, cfg, stop_ids)
+        self.target = target
         self.head, self.k = head, (default_k(head) if head is not None else 0)
 
     def generate(self, rows: list[list[int]], max_new: int, temperature: float) -> list[list[int]]:
@@ -429,8 +429,7 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     engine="batch": generation through mtpspec's own batched decode loop instead
     (`batch_generate.py`; greedy answers drafted by `head` if given): each row is mtpspec's plain
     decoding of it, recorded as such; a set keeps the engine it was started with."""
-    if engine not in ("hf", "batch"):
-        raise InputError(f"engine must be 'hf' (Hugging Face generate) or 'batch' (mtpspec's batched loop), got {engine!r}.")
+    check_engine(engine)
     out = Path(out_dir)
     recipe = resolve_recipe(cfg.recipe, tokenizer)
     if out.exists() and not out.is_dir():
@@ -463,7 +462,7 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     out.mkdir(parents=True, exist_ok=True)
     if engine == "batch":
         return _write(model, tokenizer, out, cfg, recipe, extra, real, manifest, progress,
-                      writer=_BatchWriter(model, tokenizer, cfg, stop_token_ids(model, tokenizer), head))
+                      writer=_BatchWriter(target, tokenizer, cfg, stop_token_ids(model, tokenizer), head))
     # None: a set started before `fast_generate`, extended with HF's own generation, as it was written
     how = manifest["settings"].get("generation")
     with attention_implementation(model, how["attention"]) if how else contextlib.nullcontext():
@@ -540,6 +539,11 @@ def recorded_dtype(out: str | Path) -> str | None:
         return read_manifest(Path(out))["settings"]["dtype"]
     except (DataError, KeyError, TypeError):
         return None
+
+
+def check_engine(engine: str) -> None:
+    if engine not in ("hf", "batch"):
+        raise InputError(f"engine must be 'hf' (Hugging Face generate) or 'batch' (mtpspec's batched loop), got {engine!r}.")
 
 
 def recorded_engine(out: str | Path) -> str | None:
