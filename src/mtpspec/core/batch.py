@@ -158,7 +158,7 @@ class Batch:
             used += k + 1
         self._turn += len(chosen)
         # 2. Prompt chunks in arrival order, with the rows left (a target run op by op: whole prompts)
-        fused = self.target.engine == "fused"
+        fused = bool(waiting) and self.target.engine == "fused"
         chunks: list[tuple[Slot, int]] = []
         left = max(cfg.max_rows - used, 0)
         for s in waiting:
