@@ -89,10 +89,11 @@ static inline __m512 vexp(__m512 x) {
 }
 
 /* Quantized weights, by the rows of a pass (measured on SmolLM2's Q4_1 / Q8_0 matrices, AMD EPYC Zen 4,
- * 2 cores: reports/batching): up to 4 rows four weight rows at a time (qdot_block); 5..NRW rows two
- * weight rows at a time (qdot_wide: 8 rows 11.8 instead of 14.9 ms a forward); more rows
- * dequantize each block of weight rows once into wb and run dot_block over it. */
-#define WIDE_ROWS_MIN 4
+ * 2 cores, one sequence at 100 positions): up to NRMAX rows four weight rows at a time (qdot_block;
+ * 5 and 6 rows 7.9 and 8.5 ms a forward, against 8.3 and 9.2 two at a time); 7..NRW rows two weight
+ * rows at a time (qdot_wide: 8 rows 10.9 ms, 12 rows 15.0, against 14.0 and 16.5 dequantizing into
+ * wb); more rows dequantize each block of weight rows once into wb and run dot_block over it. */
+#define WIDE_ROWS_MIN NRMAX
 #define NRMAX 6     /* rows per block: NRMAX x 4 accumulators + 4 weight vectors + 1 row vector <= 32 registers */
 #define PF_BLOCKS 2 /* prefetch the weight rows this many blocks ahead, to L1 (measured: 1-8 blocks alike in bf16; in fp32
                      * 4 blocks to L2 sped 9 rows up but slowed one row, reports/fused/fused-v3) */
