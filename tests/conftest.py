@@ -116,6 +116,31 @@ def any_model(family: str):
     return quirky_model(family) if family in QUIRKY else tiny_model(family)
 
 
+KERNELS = ["bf16-amx", "bf16-avx512", "fp32"]
+
+
+def kernel_dtype(param: str, amx_bits: int):
+    """For a fixture over KERNELS: yields the dtype, the fused bf16 matmuls set to `amx_bits`
+    (fused.AMX_*) for bf16-amx (skipped where there is no AMX) or to AVX-512 dot products for
+    bf16-avx512, and set back to what the process started with afterwards."""
+    from mtpspec.core import fused
+
+    dt = torch.float32 if param == "fp32" else torch.bfloat16
+    if (why := fused.reason(dt)) is not None:
+        pytest.skip(f"no fused {dt} forward here: {why}")
+    if dt == torch.float32:
+        yield dt
+        return
+    so, start, _ = fused._library(dt)
+    if param == "bf16-amx" and not start:
+        pytest.skip("no AMX here")
+    so.fused_init(amx_bits if param == "bf16-amx" else 0)
+    try:
+        yield dt
+    finally:
+        so.fused_init(start)
+
+
 @pytest.fixture
 def llama():
     return tiny_model("llama")

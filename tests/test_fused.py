@@ -9,7 +9,7 @@ import ctypes
 
 import pytest
 import torch
-from conftest import OracleDrafter, assert_tree_rows_equal_their_paths, tiny_model
+from conftest import KERNELS, OracleDrafter, assert_tree_rows_equal_their_paths, kernel_dtype, tiny_model
 
 import mtpspec
 from mtpspec.core import fused
@@ -40,21 +40,11 @@ def _need(dtype: torch.dtype) -> None:
         pytest.skip(f"no fused {dtype} forward here: {why}")
 
 
-@pytest.fixture(params=["bf16-amx", "bf16-avx512", "fp32"])
+@pytest.fixture(params=KERNELS)
 def dtype(request):
     """Each test runs in bf16 on the AMX tiles (where the CPU has them) and on AVX-512 dot
     products, and in fp32 (AVX-512 FMA); the fixture's value is the dtype."""
-    dt = torch.float32 if request.param == "fp32" else torch.bfloat16
-    _need(dt)
-    if dt == torch.float32:
-        yield dt
-        return
-    so = fused._loaded(dt)[0]
-    if request.param == "bf16-amx" and not fused.uses_amx():
-        pytest.skip("no AMX here")
-    so.fused_init(int(request.param == "bf16-amx"))
-    yield dt
-    so.fused_init(int(fused.uses_amx()))
+    yield from kernel_dtype(request.param, fused.AMX_DENSE)
 
 
 @pytest.fixture(params=[torch.bfloat16, torch.float32], ids=["bf16", "fp32"])

@@ -16,6 +16,7 @@ import ctypes
 import numpy as np
 import pytest
 import torch
+from conftest import KERNELS, kernel_dtype
 
 from mtpspec.core import fused
 from mtpspec.core.quant import BLOCKS, NAMES, QTensor, mat
@@ -42,11 +43,6 @@ def random_qtensor(qtype: int, rows: int, inputs: int, seed: int = 0, std: float
     return QTensor(qtype, (O, I), torch.from_numpy(raw.reshape(O, -1).copy()))
 
 
-def available(dtype: torch.dtype) -> None:
-    if (why := fused.reason(dtype)) is not None:
-        pytest.skip(f"the fused kernels do not run here: {why}")
-
-
 def qmatmul(x: torch.Tensor, parts: list, dtype: torch.dtype) -> torch.Tensor:
     so = fused._library(dtype)[0]
     m = mat(parts, dtype)
@@ -63,10 +59,11 @@ def dense_matmul(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> torch.
     return y
 
 
-@pytest.fixture(params=[torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.fixture(params=KERNELS)
 def dtype(request):
-    available(request.param)
-    return request.param
+    """bf16 on AMX tiles (quantized matrices too, AMX_BLOCKS) where the CPU has them, bf16 on
+    AVX-512 dot products, fp32."""
+    yield from kernel_dtype(request.param, fused.AMX_DENSE | fused.AMX_BLOCKS)
 
 
 @pytest.mark.parametrize("qtype", sorted(BLOCKS), ids=[NAMES[t] for t in sorted(BLOCKS)])

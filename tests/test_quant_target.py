@@ -1,8 +1,8 @@
 """A target computing on a GGUF file's quantized blocks (`quant.attach`, `load_target(...,
 weights="gguf")`) against the same model holding the dequantized values densely, per block
-type and compute dtype, through the fused forward:
+type and compute dtype (bf16 on AMX tiles where present, and on AVX-512), through the fused forward:
 - the same logits, features and cache, bit for bit;
-- a verify pass of 1..16 rows equals one-row passes; a tree row equals decoding its path;
+- a verify pass of 1..40 rows equals one-row passes; a tree row equals decoding its path;
 - speculative decoding equals plain decoding.
 Tiny llama models whose every matrix is random blocks (K-quants need inputs in blocks of 256)."""
 
@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import torch
-from conftest import OracleDrafter, assert_tree_rows_equal_their_paths, tiny_model
+from conftest import KERNELS, OracleDrafter, assert_tree_rows_equal_their_paths, kernel_dtype, tiny_model
 from test_quant import random_qtensor
 
 import mtpspec
@@ -38,23 +38,13 @@ def quantized_pair(qtype: int, dtype: torch.dtype):
     return dense, attach(copy.deepcopy(dense), quantized, dtype)
 
 
-def need(dtype: torch.dtype) -> None:
-    if (why := fused.reason(dtype)) is not None:
-        pytest.skip(f"no fused {dtype} forward here: {why}")
-
-
-@pytest.fixture(params=[torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.fixture(params=KERNELS)
 def dtype(request):
-    """bf16 and fp32. Quantized matrices always run the AVX-512 dot-product kernel; where the
-    CPU has AMX, the dense model's bf16 matmuls would run on its tiles (another order of fp32
-    sums), so the comparison turns AMX off for both, as MTPSPEC_AMX=0 does."""
-    need(request.param)
-    amx = request.param == torch.bfloat16 and fused.uses_amx()
-    if amx:
-        fused._loaded(torch.bfloat16)[0].fused_init(0)
-    yield request.param
-    if amx:
-        fused._loaded(torch.bfloat16)[0].fused_init(1)
+    """bf16 on the AMX tiles where the CPU has them (dense and quantized matrices alike: AMX_BLOCKS)
+    and on AVX-512 dot products, and fp32; the fixture's value is the dtype. (A process's default
+    AMX bits put dense matrices on the tiles and quantized ones on AVX-512: there the two models
+    would differ in the order of their sums.)"""
+    yield from kernel_dtype(request.param, fused.AMX_DENSE | fused.AMX_BLOCKS)
 
 
 @pytest.fixture(params=TYPES, ids=[NAMES[t] for t in TYPES])
@@ -82,16 +72,17 @@ def test_the_quantized_target_computes_what_the_dense_one_computes(pair):
     assert torch.equal(cd.keys, cq.keys) and torch.equal(cd.values, cq.values)
 
 
-def test_a_verify_pass_of_1_to_16_rows_equals_one_row_passes(pair):
+def test_a_verify_pass_of_1_to_40_rows_equals_one_row_passes(pair):
+    """Up to 40 rows: beyond 16 the AMX kernel keeps each column block's sums between chunks."""
     t = mtpspec.Target(pair[1])
     ids = torch.randint(4, 97, (1, 30), generator=torch.Generator().manual_seed(2))
-    new = torch.randint(4, 97, (1, 16), generator=torch.Generator().manual_seed(3))
-    c = t.new_cache(64)
+    new = torch.randint(4, 97, (1, 40), generator=torch.Generator().manual_seed(3))
+    c = t.new_cache(80)
     t.forward(ids, c)
     alone = []
-    for i in range(16):
+    for i in range(40):
         alone.append(t.forward(new[:, i:i + 1], c).logits[0, 0])
-    for R in (1, 2, 5, 9, 16):
+    for R in (1, 2, 5, 9, 16, 17, 33, 40):
         c.length = 30
         together = t.forward(new[:, :R], c).logits[0]
         assert all(torch.equal(together[i], alone[i]) for i in range(R)), R

@@ -2,6 +2,10 @@
 (every sequence with its own cache of `--context` committed positions), and the MTP head drafting
 k tokens for n requests at once (`MTPHead.propose_many`) against one after another. Median of
 `--repeats` runs each, nothing else running; the embedded SmolLM2 on its GGUF blocks (bf16).
+Where the CPU has AMX, each forward is timed with the quantized matrices on the AMX tiles
+(`fused.amx_blocks(True)`, what `mtpspec serve` uses there) and on AVX-512 dot products (the
+default), interleaved in this one process (the two kernels' outputs differ in the order of fp32
+sums; each is exact on its own).
 
     python reports/batching/forward_rows.py
 """
@@ -23,6 +27,7 @@ def main() -> None:
 
     import mtpspec
     from mtpspec.config import SamplingConfig
+    from mtpspec.core import fused
     from mtpspec.core.draft import DraftInput
     from mtpspec.core.fused import SeqRows
     from mtpspec.measure.costs import median_time
@@ -39,16 +44,33 @@ def main() -> None:
         c = t.new_cache(L + 128)
         t.forward(torch.randint(0, t.vocab_size, (1, L), generator=g), c)
         caches.append(c)
+    amx = fused.uses_amx()
+
+    def timed(fn) -> str:
+        """fn's median time in ms: blocks on AMX and on AVX-512 (and their ratio) where there is AMX."""
+        if not amx:
+            return f"{median_time(fn, args.repeats) * 1000:.2f}"
+        ms: dict[bool, list[float]] = {}
+        for _ in range(2):  # interleaved: AMX, AVX-512, AMX, AVX-512
+            for on in (True, False):
+                fused.amx_blocks(on)
+                ms.setdefault(on, []).append(median_time(fn, args.repeats) * 1000)
+        fused.amx_blocks(False)
+        a, b = min(ms[True]), min(ms[False])
+        return f"{a:.2f} | {b:.2f} | {b / a:.2f}x"
+
     print(f"fused forward, {L} positions of context each ({t.engine}, {t.dtype}, {args.threads} threads)")
-    print("| sequences | rows each | rows | ms |\n|---|---|---|---|")
-    for n, r in [(1, 1), (1, 4), (2, 1), (4, 1), (8, 1), (16, 1), (2, 4), (4, 4), (8, 4), (12, 4), (16, 3)]:
+    cols = "blocks on AMX ms | on AVX-512 ms | AVX-512 / AMX" if amx else "ms"
+    print(f"| sequences | rows each | rows | {cols} |\n|---|---|---|{'---|' * (3 if amx else 1)}")
+    for n, r in [(1, 1), (1, 4), (1, 16), (2, 1), (4, 1), (8, 1), (16, 1), (2, 4), (4, 4), (8, 4), (12, 4), (16, 3),
+                 (16, 4)]:
         ids = [torch.randint(0, t.vocab_size, (1, r), generator=g) for _ in range(n)]
 
         def run() -> None:
             for c in caches[:n]:
                 c.length = L
             t.forward_many([SeqRows(i, c) for i, c in zip(ids, caches[:n])])
-        print(f"| {n} | {r} | {n * r} | {median_time(run, args.repeats) * 1000:.2f} |", flush=True)
+        print(f"| {n} | {r} | {n * r} | {timed(run)} |", flush=True)
     for c in caches:
         c.length = L
     tokens = torch.randint(0, t.vocab_size, (1, L + 1), generator=g)

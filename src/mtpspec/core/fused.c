@@ -439,9 +439,11 @@ static void dequant_block(const uint8_t *const *wr, const int qt, int I, elem *w
     }
 }
 
-static void matmul_dp(const elem *x, int R, int I, const Mat *w, int O, float *y) {
+/* the parts of w in `which` (a bit per part; y's columns of the others are left as they are) */
+static void matmul_dp(const elem *x, int R, int I, const Mat *w, int O, float *y, int which) {
     int nb[3] = {0, 0, 0}, blocks = 0, quantized = 0;
-    for (int p = 0; p < w->nparts; p++) blocks += nb[p] = (w->part[p].rows + 3) / 4, quantized |= w->part[p].type != Q_DENSE;
+    for (int p = 0; p < w->nparts; p++)
+        if (which >> p & 1) blocks += nb[p] = (w->part[p].rows + 3) / 4, quantized |= w->part[p].type != Q_DENSE;
     /* this thread's block of dequantized rows, for passes of more than NRMAX rows */
     elem *wb = quantized && R > NRW ? malloc(sizeof(elem) * 4 * (size_t)I) : NULL;
 #pragma omp for schedule(static)
@@ -537,19 +539,70 @@ static void matmul_dp(const elem *x, int R, int I, const Mat *w, int O, float *y
 
 #ifndef FUSED_F32
 /* AMX: y^T = w x^T, tiles of 16 outputs x N rows (N = R, or 16 column blocks beyond 16 rows),
- * four tiles (64 outputs) per block. Each output element is the same sequence of
- * TDPBF16PS steps over k whatever N is: row-invariant like the kernel above, and the hardware
- * reads each weight once for up to 16 rows at near one-row cost. */
+ * four tiles (64 outputs of one part) per block, for every part whose outputs come in sixteens.
+ * Dense parts are read in place. Quantized parts only where the process asked for it (AMX_BLOCKS:
+ * see fused_init): their 64 rows are dequantized in registers (deq32_bf16, the values every other
+ * path multiplies), a chunk of inputs at a time, into a buffer that stays in L1, and fed to the
+ * tiles from there. Each output element is the same sequence of TDPBF16PS steps over k (from zero,
+ * 32 inputs a step, in order) whatever N is and whether the part is dense or quantized:
+ * row-invariant like the kernel above, a quantized matrix gives what its dequantized dense copy
+ * gives, and the hardware reads each weight once for up to 16 rows at near one-row cost. Beyond
+ * 16 rows, a column block's tiles are stored between chunks and loaded back (exact: fp32 out,
+ * fp32 in), so each chunk is dequantized once for all rows.
+ *
+ * Measured (SmolLM2's GGUF blocks, 2-core Xeon with AMX, reports/batching/forward_rows.py): a
+ * one-row forward costs more on the tiles than on AVX-512 dot products (the dequantized values
+ * make a round trip through memory, and the tile steps do not overlap the dequantizing), 4 rows
+ * about the same, 32 rows less than half: hence a choice per process, not the default. */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
     uint8_t rows[16];
 } TileConfig;
 
-static int use_amx = 0; /* set once by fused_init: the same kernel for every call of a process */
+enum { AMX_DENSE = 1, AMX_BLOCKS = 2 };
+static int use_amx = 0; /* AMX_* bits, set by fused_init: the same kernels for every call of a process */
 
-/* xv: scratch of (ceil(R / 16) * 16) * I bf16, shared by the threads */
-static void matmul_amx(const bf16 *x, int R, int I, const bf16 *w, int O, float *y, bf16 *xv) {
+#define AMX_KC 256 /* inputs per chunk of dequantized weights beyond 16 rows (64 up to 16): 64 rows x 256 bf16 = 32 KB */
+#define AMX_PF 8    /* prefetch each weight row at least this many groups of 32 inputs ahead */
+
+/* Rows o .. o + n - 1 of quantized part P, inputs kc .. kc + kn - 1, as bf16 into wbuf (n, ks);
+ * the same rows' bytes a chunk (at least AMX_PF groups) ahead prefetched on the way */
+static inline __attribute__((always_inline)) void dequant_chunk_t(const Part *P, int o, int n, int kc, int kn, int ks, int I,
+                                                                   const int qt, bf16 *wbuf) {
+    const int G = I / 32, ahead = kc / 32 + (kn / 32 > AMX_PF ? kn / 32 : AMX_PF);
+    const long gb = P->row_bytes / G, span = (long)(kn / 32) * gb;
+    for (int j = 0; j < n; j++) {
+        const uint8_t *row = (const uint8_t *)P->data + (size_t)(o + j) * P->row_bytes;
+        if (ahead < G)
+            for (long b = 0; b < span; b += 64) _mm_prefetch((const char *)(row + ahead * gb + b), _MM_HINT_T0);
+        for (int k = 0; k < kn; k += 32) _mm512_store_si512(wbuf + (size_t)j * ks + k, deq32_bf16(row, qt, (kc + k) / 32));
+    }
+}
+
+static void dequant_chunk(const Part *P, int o, int n, int kc, int kn, int ks, int I, bf16 *wbuf) {
+    switch (P->type) { /* each type's loop compiled with its constant */
+        case Q_4_0: dequant_chunk_t(P, o, n, kc, kn, ks, I, Q_4_0, wbuf); break;
+        case Q_4_1: dequant_chunk_t(P, o, n, kc, kn, ks, I, Q_4_1, wbuf); break;
+        case Q_8_0: dequant_chunk_t(P, o, n, kc, kn, ks, I, Q_8_0, wbuf); break;
+        case Q_4_K: dequant_chunk_t(P, o, n, kc, kn, ks, I, Q_4_K, wbuf); break;
+        case Q_5_K: dequant_chunk_t(P, o, n, kc, kn, ks, I, Q_5_K, wbuf); break;
+        default: dequant_chunk_t(P, o, n, kc, kn, ks, I, Q_6_K, wbuf); break;
+    }
+}
+
+/* The parts of w that AMX computes (a bit per part): with AMX in use and inputs in 32s, every
+ * part whose outputs come in 16s (quantized ones under AMX_BLOCKS), whatever the other parts are */
+static int amx_parts(const Mat *w, int I) {
+    int which = 0;
+    if (use_amx && I % 32 == 0)
+        for (int p = 0; p < w->nparts; p++)
+            which |= (w->part[p].rows % 16 == 0 && (w->part[p].type == Q_DENSE || use_amx & AMX_BLOCKS)) << p;
+    return which;
+}
+
+/* the parts of w in `which`; xv: scratch of (ceil(R / 16) * 16) * I bf16, shared by the threads */
+static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *y, bf16 *xv, int which) {
     const int N = R < 16 ? R : 16, ncb = (R + 15) / 16, K2 = I / 2;
 #pragma omp for schedule(static)
     for (int cb = 0; cb < ncb; cb++) /* x^T in pairs along k (the VNNI layout): [cb][k / 2][n][2] */
@@ -568,49 +621,92 @@ static void matmul_amx(const bf16 *x, int R, int I, const bf16 *w, int O, float 
         cfg.colsb[t] = t == 4 || t == 5 ? 64 : N * 4; /* 0-3: y tiles, 4-5: w tiles, 6: x tile */
     }
     _tile_loadconfig(&cfg);
-    const int blocks = (O + 63) / 64;
-    const long ws = (long)I * 2;
+    int nb[3] = {0, 0, 0}, blocks = 0, quantized = 0;
+    for (int p = 0; p < w->nparts; p++)
+        if (which >> p & 1) blocks += nb[p] = (w->part[p].rows + 63) / 64, quantized |= w->part[p].type != Q_DENSE;
+    /* A quantized part's chunk: 64 inputs up to 16 rows, AMX_KC beyond (where the tiles are stored
+     * and loaded back between chunks); two buffers used in turn, the next chunk dequantized before
+     * the tiles read this one (measured faster than reading what was just written) */
+    const int KQ = ncb == 1 ? 64 : AMX_KC;
+    bf16 *wbuf = quantized ? aligned_alloc(64, sizeof(bf16) * 2 * 64 * KQ) : NULL; /* this thread's chunks */
+    float *cbuf = ncb > 1 ? malloc(sizeof(float) * (size_t)ncb * 4 * 256) : NULL;  /* its tiles between chunks */
 #pragma omp for schedule(static)
-    for (int ob = 0; ob < blocks; ob++) {
-        const int o0 = ob * 64, nt = O - o0 >= 64 ? 4 : (O - o0) / 16;
-        const bf16 *w0 = w + (size_t)o0 * I;
-        for (int cb = 0; cb < ncb; cb++) {
-            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-            for (int k = 0; k < I; k += 32) {
-                _tile_loadd(6, xv + ((size_t)cb * K2 + k / 2) * N * 2, N * 4);
-                _tile_loadd(4, w0 + k, ws);
-                _tile_dpbf16ps(0, 4, 6);
-                if (nt > 1) { _tile_loadd(5, w0 + (size_t)16 * I + k, ws); _tile_dpbf16ps(1, 5, 6); }
-                if (nt > 2) { _tile_loadd(4, w0 + (size_t)32 * I + k, ws); _tile_dpbf16ps(2, 4, 6); }
-                if (nt > 3) { _tile_loadd(5, w0 + (size_t)48 * I + k, ws); _tile_dpbf16ps(3, 5, 6); }
+    for (int b = 0; b < blocks; b++) {
+        int p = 0, ob = b, o_part = 0; /* the block's part, its index there, the part's first output */
+        while (ob >= nb[p]) ob -= nb[p], o_part += w->part[p].rows, p++;
+        const Part *P = &w->part[p];
+        const int o0 = ob * 64, nt = P->rows - o0 >= 64 ? 4 : (P->rows - o0) / 16, dense = P->type == Q_DENSE;
+        const int KC = dense ? I : KQ;
+        const long as = (long)(dense ? I : KQ) * 2;             /* bytes between the w tiles' rows */
+        const size_t at = (size_t)16 * (dense ? I : KQ); /* elements between the w tiles */
+        for (int kc = 0; kc < I; kc += KC) {
+            const int kn = I - kc < KC ? I - kc : KC, last = kc + kn >= I;
+            bf16 *buf = wbuf + (size_t)(kc / KC % 2) * 64 * KQ;
+            const bf16 *a = dense ? (const bf16 *)P->data + (size_t)o0 * I + kc : buf;
+            if (!dense) { /* chunk kc was dequantized a step earlier (the first just now); the next now */
+                if (kc == 0) dequant_chunk(P, o0, 16 * nt, 0, kn, KQ, I, buf);
+                if (!last) {
+                    const int kn2 = I - (kc + KC) < KC ? I - (kc + KC) : KC;
+                    dequant_chunk(P, o0, 16 * nt, kc + KC, kn2, KQ, I, wbuf + (size_t)((kc / KC + 1) % 2) * 64 * KQ);
+                }
             }
-            float c[4][16 * 16];
-            _tile_stored(0, c[0], N * 4);
-            if (nt > 1) _tile_stored(1, c[1], N * 4);
-            if (nt > 2) _tile_stored(2, c[2], N * 4);
-            if (nt > 3) _tile_stored(3, c[3], N * 4);
-            for (int t = 0; t < nt; t++)
-                for (int n = 0; n < N && cb * 16 + n < R; n++)
-                    for (int i = 0; i < 16; i++) y[(size_t)(cb * 16 + n) * O + o0 + 16 * t + i] = c[t][i * N + n];
+            for (int cb = 0; cb < ncb; cb++) {
+                float *cs = cbuf ? cbuf + (size_t)cb * 4 * 256 : NULL;
+                if (kc == 0) {
+                    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                } else if (cs) {
+                    _tile_loadd(0, cs, 64);
+                    if (nt > 1) _tile_loadd(1, cs + 256, 64);
+                    if (nt > 2) _tile_loadd(2, cs + 512, 64);
+                    if (nt > 3) _tile_loadd(3, cs + 768, 64);
+                }
+                for (int k = 0; k < kn; k += 32) {
+                    _tile_loadd(6, xv + ((size_t)cb * K2 + (kc + k) / 2) * N * 2, N * 4);
+                    _tile_loadd(4, a + k, as);
+                    _tile_dpbf16ps(0, 4, 6);
+                    if (nt > 1) { _tile_loadd(5, a + at + k, as); _tile_dpbf16ps(1, 5, 6); }
+                    if (nt > 2) { _tile_loadd(4, a + 2 * at + k, as); _tile_dpbf16ps(2, 4, 6); }
+                    if (nt > 3) { _tile_loadd(5, a + 3 * at + k, as); _tile_dpbf16ps(3, 5, 6); }
+                }
+                if (!last) { /* ncb > 1 here: keep this block's sums for the next chunk (ncb == 1 keeps them in the tiles) */
+                    if (cs) {
+                        _tile_stored(0, cs, 64);
+                        if (nt > 1) _tile_stored(1, cs + 256, 64);
+                        if (nt > 2) _tile_stored(2, cs + 512, 64);
+                        if (nt > 3) _tile_stored(3, cs + 768, 64);
+                    }
+                    continue;
+                }
+                float c[4][16 * 16];
+                _tile_stored(0, c[0], N * 4);
+                if (nt > 1) _tile_stored(1, c[1], N * 4);
+                if (nt > 2) _tile_stored(2, c[2], N * 4);
+                if (nt > 3) _tile_stored(3, c[3], N * 4);
+                for (int t = 0; t < nt; t++)
+                    for (int n = 0; n < N && cb * 16 + n < R; n++)
+                        for (int i = 0; i < 16; i++) y[(size_t)(cb * 16 + n) * O + o_part + o0 + 16 * t + i] = c[t][i * N + n];
+            }
         }
     }
+    free(wbuf);
+    free(cbuf);
     _tile_release();
 }
 #endif
 
 /* Called inside a parallel region: the output blocks are shared out between the threads. Which
- * kernel runs depends on the weights, their shape and the process only, never on R: AMX for a
- * dense matrix whose shape fits its tiles, dot products otherwise (quantized parts among them). */
+ * kernel runs for a part depends on that part's weights and shape and the process only, never on
+ * R or on the parts stacked with it: AMX for a part (dense or quantized) whose shape fits its
+ * tiles, dot products otherwise. */
 static void matmul(const elem *x, int R, int I, const Mat *w, int O, float *y, elem *xv) {
+    int amx = 0;
 #ifdef FUSED_F32
     (void)xv;
 #else
-    if (use_amx && w->nparts == 1 && w->part[0].type == Q_DENSE && I % 32 == 0 && O % 16 == 0) {
-        matmul_amx(x, R, I, (const bf16 *)w->part[0].data, O, y, xv);
-        return;
-    }
+    if ((amx = amx_parts(w, I))) matmul_amx(x, R, I, w, O, y, xv, amx);
 #endif
-    matmul_dp(x, R, I, w, O, y);
+    const int rest = ((1 << w->nparts) - 1) & ~amx;
+    if (rest) matmul_dp(x, R, I, w, O, y, rest);
 }
 
 /* matmul for a dense matrix, as the head's own weights are */
@@ -619,14 +715,15 @@ static void matmul_dense(const elem *x, int R, int I, const elem *w, int O, floa
     matmul(x, R, I, &m, O, y, xv);
 }
 
-/* Ask the kernel for the AMX tile state (Linux: ARCH_REQ_XCOMP_PERM); amx = 0 keeps to AVX-512.
- * Returns whether AMX is in use. Call once, before any forward. */
+/* Ask the kernel for the AMX tile state (Linux: ARCH_REQ_XCOMP_PERM). amx: 0 keeps to AVX-512;
+ * AMX_DENSE runs dense matrices on the tiles; AMX_DENSE | AMX_BLOCKS quantized ones too (for
+ * processes that batch many rows). Returns the bits in use. Call once, before any forward. */
 int fused_init(int amx) {
 #ifdef FUSED_F32
     (void)amx;
     return 0; /* no fp32 tiles */
 #else
-    use_amx = amx && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    use_amx = amx && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0 ? amx : 0;
     return use_amx;
 #endif
 }

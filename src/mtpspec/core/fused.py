@@ -84,16 +84,19 @@ class _Head(ctypes.Structure):
         (n, ctypes.POINTER(_P)) for n in ("norm_attn", "wq", "wo", "norm_mlp", "wgu", "wdown")]
 
 
+AMX_DENSE, AMX_BLOCKS = 1, 2  # fused.c's fused_init bits: dense matrices on the AMX tiles; quantized ones too
+
+
 @functools.cache
-def _library(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, bool, str | None]:
-    """(the library for `dtype`, whether its matmuls run on AMX, None), or (None, False, why not)."""
+def _library(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, int, str | None]:
+    """(the library for `dtype`, the AMX bits its matmuls start with, None), or (None, 0, why not)."""
     if os.environ.get("MTPSPEC_FUSED", "1") == "0":
-        return None, False, "disabled by MTPSPEC_FUSED=0"
+        return None, 0, "disabled by MTPSPEC_FUSED=0"
     if dtype not in BUILDS:
-        return None, False, f"the fused forward runs bf16 or fp32, not {dtype}"
+        return None, 0, f"the fused forward runs bf16 or fp32, not {dtype}"
     so, why = native.build(SOURCE, *BUILDS[dtype])
     if so is None:
-        return None, False, why
+        return None, 0, why
     so.fused_forward_seqs.argtypes = [ctypes.POINTER(_Model), ctypes.c_int, ctypes.POINTER(_Seq), _P, ctypes.c_int, _P,
                                       _P, _P, ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, ctypes.c_int]
     so.fused_forward_seqs.restype = None
@@ -106,13 +109,14 @@ def _library(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, b
     so.head_step_seqs.argtypes = [ctypes.POINTER(_Head), ctypes.c_int, ctypes.POINTER(_Seq), ctypes.c_int] + [_P] * 5 + [
         ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, ctypes.c_int]
     so.head_step_seqs.restype = None
-    # AMX where the CPU has it (and MTPSPEC_AMX is not 0): once per process, so every forward
-    # of the process runs the same matmul kernel
-    want_amx = dtype == torch.bfloat16 and {"amx_tile", "amx_bf16"} <= set(native.cpuinfo("flags").split()) \
-        and os.environ.get("MTPSPEC_AMX", "1") != "0"
+    # AMX where the CPU has it (MTPSPEC_AMX: 0 off, 1 (default) dense matrices, blocks quantized
+    # ones too): once per process, so every forward of the process runs the same matmul kernels
+    want = {"0": 0, "blocks": AMX_DENSE | AMX_BLOCKS}.get(os.environ.get("MTPSPEC_AMX", "1"), AMX_DENSE)
+    if dtype != torch.bfloat16 or not {"amx_tile", "amx_bf16"} <= set(native.cpuinfo("flags").split()):
+        want = 0
     so.fused_init.argtypes = [ctypes.c_int]
     so.fused_init.restype = ctypes.c_int
-    return so, bool(so.fused_init(int(want_amx))), None
+    return so, so.fused_init(want), None
 
 
 def _loaded(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, str | None]:
@@ -121,8 +125,22 @@ def _loaded(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, st
 
 
 def uses_amx() -> bool:
-    """Whether the fused bf16 matmuls run on AMX tiles here (else AVX-512 BF16 dot products)."""
-    return _library(torch.bfloat16)[1]
+    """Whether this machine runs the fused bf16 matmuls on AMX tiles (else AVX-512 BF16 dot
+    products), as the process started (MTPSPEC_AMX)."""
+    return bool(_library(torch.bfloat16)[1])
+
+
+def amx_blocks(on: bool) -> bool:
+    """Run quantized matrices (GGUF blocks) on the AMX tiles too, or not; returns whether they now
+    do (False where there is no AMX). For a process that batches many rows per forward (a server,
+    the data writer): up to 16 rows cost about one there, but one row costs more than on AVX-512
+    dot products (reports/batching/). Every output stays exact for the process (speculative ==
+    plain, per request), but differs in the order of fp32 sums from a process without it: call
+    it once, before the first forward."""
+    so, start, _ = _library(torch.bfloat16)
+    if so is None or not start:
+        return False
+    return bool(so.fused_init(AMX_DENSE | AMX_BLOCKS if on else AMX_DENSE) & AMX_BLOCKS)
 
 
 def reason(dtype: torch.dtype = torch.bfloat16) -> str | None:
