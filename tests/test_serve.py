@@ -26,7 +26,9 @@ from typer.testing import CliRunner
 
 import mtpspec
 from mtpspec import Draft, MTPHead, SamplingConfig
+from mtpspec.core import fused
 from mtpspec.detokenize import TextStream
+from mtpspec.errors import InputError
 from mtpspec.models import chat_ids, load_target
 from mtpspec.serve import Engine, ServeConfig, load_engine
 from mtpspec.serve.engine import DecodeRequest
@@ -85,12 +87,21 @@ def ref(tiny):
     return target, MTPHead.from_pretrained(d / "head", target), tok
 
 
+def restore_kernels() -> None:
+    """load_engine sets the process's AMX kernels for quantized matrices (a server's choice for
+    its process): back to what the process started with."""
+    so, start, _ = fused._library(torch.bfloat16)
+    if so is not None:
+        so.fused_init(start)
+
+
 @pytest.fixture(scope="module")
 def server(tiny):
     d, _ = tiny
     engine = load_engine(str(d), str(d / "head"), "fp32", K, default_max_tokens=8, max_tokens_limit=64, max_queue=16)
     with serving(engine) as url:
         yield url, engine
+    restore_kernels()
 
 
 def expected(ref, ids: torch.Tensor, n: int, **sampling) -> tuple[list[int], str]:
@@ -515,7 +526,7 @@ def test_health_and_metrics_count_what_was_served(server):
     url, engine = server
     h = httpx.get(url + "/health").json()
     assert h == {"status": "ok", "model": engine.config.model_name, "num_draft_tokens": K, "queue_depth": 0, "running": 0,
-                 "busy": False}
+                 "busy": False, "amx_blocks": fused.uses_amx()}
     before = metrics(url)
     r = httpx.post(url + "/v1/chat/completions", json=chat_body(max_tokens=5), timeout=30).json()
     after = metrics(url)
@@ -528,7 +539,7 @@ def test_health_and_metrics_count_what_was_served(server):
         assert f"# TYPE mtpspec_{name} " in text
 
 
-def test_cli_serve_passes_host_and_port_to_uvicorn(tiny, monkeypatch):
+def test_cli_serve_passes_host_and_port_to_uvicorn(tiny, monkeypatch, process_kernels):
     import uvicorn
     from fastapi import FastAPI
 
@@ -546,6 +557,32 @@ def test_cli_serve_passes_host_and_port_to_uvicorn(tiny, monkeypatch):
     assert r.exit_code == 2 and "max_queue must be >= 0" in r.output
     assert len(calls) == 1
 
+
+
+@pytest.fixture
+def process_kernels():
+    yield
+    restore_kernels()
+
+
+def test_config_refuses_bad_limits_and_resolves_amx_blocks():
+    for bad in (dict(max_tokens_limit=0), dict(default_max_tokens=0)):
+        with pytest.raises(InputError, match="must be >= 1"):
+            ServeConfig(**bad)
+    assert ServeConfig().wants_amx_blocks() and not ServeConfig(max_running=1).wants_amx_blocks()
+    assert not ServeConfig(amx_blocks=False).wants_amx_blocks() and ServeConfig(max_running=1, amx_blocks=True).wants_amx_blocks()
+
+
+def test_load_engine_puts_blocks_on_amx_tiles_only_for_a_batching_server(tiny, process_kernels):
+    """Where the CPU has AMX: on for max_running > 1, off for one request at a time; elsewhere off,
+    and the engine's config says which took effect."""
+    d, _ = tiny
+    one = load_engine(str(d), d / "head", "fp32", max_running=1)
+    assert one.config.amx_blocks is False
+    one.close()
+    many = load_engine(str(d), d / "head", "fp32", max_running=4)
+    assert many.config.amx_blocks is fused.uses_amx()
+    many.close()
 
 
 def test_a_switch_engine_replies_as_plain_decoding(tiny):

@@ -634,6 +634,9 @@ def serve(
                               "reply is what it decodes alone); 1 = one at a time."),
     max_rows: int = option(ServeConfig, "max_rows", help="Rows one target forward may run: the running requests' rounds "
                            "plus prompt chunks."),
+    amx_blocks: bool | None = typer.Option(None, "--amx-blocks/--no-amx-blocks", help="Quantized matrices on the AMX "
+                                           "tiles where the CPU has them (many rows a forward cost about one; one row "
+                                           "costs more) [default: when --max-running > 1]."),
     max_tokens_limit: int = option(ServeConfig, "max_tokens_limit", help="Most new tokens one request may ask for."),
     default_max_tokens: int = option(ServeConfig, "default_max_tokens", help="New tokens when a request names no "
                                      "max_tokens."),
@@ -656,7 +659,7 @@ def serve(
     # forward ends; by default a thread may wait up to 5 ms for the event loop to hand it over.
     sys.setswitchinterval(SERVE_SWITCH_INTERVAL_S)
     engine = load_engine(target, head, dtype, num_draft_tokens, weights=weights, warn=_warn, drafter=drafter_kind(tree, switch),
-                         max_queue=max_queue, max_running=max_running, max_rows=max_rows,
+                         max_queue=max_queue, max_running=max_running, max_rows=max_rows, amx_blocks=amx_blocks,
                          max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens)
     try:
         uvicorn.run(create_app(engine), host=host, port=port)

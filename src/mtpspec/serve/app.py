@@ -236,7 +236,8 @@ def create_app(engine: Engine) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": engine.config.model_name, "num_draft_tokens": engine.num_draft_tokens,
-                "queue_depth": engine.queue_depth(), "running": engine.running(), "busy": engine.busy()}
+                "queue_depth": engine.queue_depth(), "running": engine.running(), "busy": engine.busy(),
+                "amx_blocks": bool(engine.config.amx_blocks)}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

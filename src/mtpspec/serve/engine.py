@@ -60,6 +60,10 @@ class ServeConfig:
     default_max_tokens: int = 128
     # Stop strings one request may give.
     max_stop: int = 16
+    # Quantized matrices (a GGUF target's blocks) on the AMX tiles, where the CPU has them
+    # (`fused.amx_blocks`): many rows per forward cost about one there, one row costs more than
+    # on AVX-512. None = when max_running > 1. `load_engine` sets it for the process.
+    amx_blocks: bool | None = None
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens is not None and self.num_draft_tokens < 0:
@@ -68,13 +72,17 @@ class ServeConfig:
             raise InputError(f"max_queue must be >= 0, got {self.max_queue}.")
         if self.max_running < 1:
             raise InputError(f"max_running must be >= 1, got {self.max_running}.")
+        if self.max_tokens_limit < 1 or self.default_max_tokens < 1:
+            raise InputError("max_tokens_limit and default_max_tokens must be >= 1.")
         self.batch_config()  # refuses a bad max_rows with its reason
 
     def batch_config(self) -> BatchConfig:
         """The batch the worker decodes on: max_rows a forward, up to 16 of them for prompts."""
         return BatchConfig(max_rows=self.max_rows, prefill_rows=min(16, self.max_rows))
-        if self.max_tokens_limit < 1 or self.default_max_tokens < 1:
-            raise InputError("max_tokens_limit and default_max_tokens must be >= 1.")
+
+    def wants_amx_blocks(self) -> bool:
+        """amx_blocks, with None resolved: on when requests are batched."""
+        return self.max_running > 1 if self.amx_blocks is None else self.amx_blocks
 
 
 @dataclass(frozen=True)
@@ -451,16 +459,20 @@ def load_engine(target: str | None = None, head: str | Path | None = None, dtype
     `drafter`: a `build_drafter` kind ("chain", "tree", "switch", ...), built as `mtpspec
     generate` builds it; `num_draft_tokens` None: that drafter's default k. `weights`: as
     `load_target`'s (auto: a GGUF target's blocks wherever the fused forward runs them).
-    `config`: further ServeConfig fields."""
+    `config`: further ServeConfig fields. Sets the process's AMX kernels for quantized matrices
+    (`ServeConfig.amx_blocks`; the engine's config says what took effect) before the model loads."""
+    from ..core import fused
     from ..models import load_target
     from ..pretrained import resolve_head
 
     cfg = ServeConfig(**config)  # a bad setting fails here, before the model loads
 
     def load() -> tuple[Target, Any, Any, ServeConfig]:
+        amx_blocks = fused.amx_blocks(cfg.wants_amx_blocks())
         loaded = load_target(target, dtype, weights)
         tgt = Target(loaded.model)
         built, k = build_drafter(resolve_head(tgt, loaded.name, head, warn=warn).head, drafter, k=num_draft_tokens)
-        return tgt, built, loaded.tokenizer, dataclasses.replace(cfg, model_name=loaded.name, num_draft_tokens=k)
+        return tgt, built, loaded.tokenizer, dataclasses.replace(cfg, model_name=loaded.name, num_draft_tokens=k,
+                                                                 amx_blocks=amx_blocks)
 
     return Engine.loading(load)  # loaded and decoded on one thread (see Engine.loading)
