@@ -27,11 +27,12 @@ from typer.testing import CliRunner
 import mtpspec
 from mtpspec import Draft, MTPHead, SamplingConfig
 from mtpspec.core import fused
+from mtpspec.core.batch import BatchConfig
 from mtpspec.detokenize import TextStream
 from mtpspec.errors import InputError
 from mtpspec.models import chat_ids, load_target
 from mtpspec.serve import Engine, ServeConfig, load_engine
-from mtpspec.serve.engine import DecodeRequest
+from mtpspec.serve.engine import AMX_DRAFT_ROWS, DecodeRequest
 
 K = 3
 PROMPT = "w7 w8 w9"
@@ -571,6 +572,9 @@ def test_config_refuses_bad_limits_and_resolves_amx_blocks():
             ServeConfig(**bad)
     assert ServeConfig().wants_amx_blocks() and not ServeConfig(max_running=1).wants_amx_blocks()
     assert not ServeConfig(amx_blocks=False).wants_amx_blocks() and ServeConfig(max_running=1, amx_blocks=True).wants_amx_blocks()
+    # rows cost little on AMX tiles: the running requests share more drafts there
+    assert ServeConfig(amx_blocks=True).batch_config().draft_rows == AMX_DRAFT_ROWS > BatchConfig().draft_rows
+    assert ServeConfig(amx_blocks=False).batch_config().draft_rows == BatchConfig().draft_rows
 
 
 def test_load_engine_puts_blocks_on_amx_tiles_only_for_a_batching_server(tiny, process_kernels):

@@ -164,9 +164,19 @@ def server_argv(name: str, cfg: Config, port: int) -> list[str]:
         target = ["--target", str(cfg.gguf)] if cfg.gguf_given else []
         return [find_mtpspec(), "serve", "--port", str(port), "--threads", str(cfg.threads), *target,
                 *cfg.mtpspec_args]
+    # On a CPU with AMX this llama.cpp's AMX weight buffers crash it at start (SIGSEGV, as in
+    # measure/llamacpp.py): --no-repack keeps its weights in the file's own layout there.
+    amx = ["--no-repack"] if "amx_tile" in cpu_flags() and "--repack" not in cfg.llama_args else []
     return [find_llama_server(cfg.llama_server), "-m", str(cfg.gguf), "--host", "127.0.0.1", "--port", str(port),
             "-t", str(cfg.threads), "-tb", str(cfg.threads), "--parallel", str(cfg.parallel),
-            "-c", str(cfg.ctx_per_stream * cfg.parallel), *cfg.llama_args]
+            "-c", str(cfg.ctx_per_stream * cfg.parallel), *amx, *cfg.llama_args]
+
+
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
 
 
 def _prctl() -> Any:

@@ -728,6 +728,15 @@ int fused_init(int amx) {
 #endif
 }
 
+/* The AMX_* bits in use (fused_init's last answer) */
+int fused_amx(void) {
+#ifdef FUSED_F32
+    return 0;
+#else
+    return use_amx;
+#endif
+}
+
 /* out (R, D) = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))), per row (as w * F.rms_norm(x)). */
 static void rms_norm(const elem *x, int R, int D, const elem *w, float eps, elem *out) {
 #pragma omp for schedule(static)

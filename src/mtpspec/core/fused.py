@@ -23,14 +23,22 @@ it computes is the model as torch rounds it in its dtype, up to the order of fp3
 decoding and speculative decoding both run it, so the guarantee (speculative greedy == plain
 greedy, token for token) is unchanged.
 
+On a CPU with AMX, dense bf16 matrices run on its tiles; quantized ones (a GGUF file's blocks)
+too where the process asks for it (`amx_blocks(True)` or MTPSPEC_AMX=blocks, as a batching
+server does): many rows cost about one there, one row more than on AVX-512. MTPSPEC_AMX=0 keeps
+everything on AVX-512. Each choice holds for the whole process, so every forward of it sums in
+one order.
+
 Used where `unsupported(target)` returns None; `MTPSPEC_FUSED=0` turns it off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -116,6 +124,8 @@ def _library(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, i
         want = 0
     so.fused_init.argtypes = [ctypes.c_int]
     so.fused_init.restype = ctypes.c_int
+    so.fused_amx.argtypes = []
+    so.fused_amx.restype = ctypes.c_int
     return so, so.fused_init(want), None
 
 
@@ -141,6 +151,21 @@ def amx_blocks(on: bool) -> bool:
     if so is None or not start:
         return False
     return bool(so.fused_init(AMX_DENSE | AMX_BLOCKS if on else AMX_DENSE) & AMX_BLOCKS)
+
+
+@contextlib.contextmanager
+def blocks_on_amx(on: bool = True) -> Iterator[bool]:
+    """`amx_blocks(on)` for the body (a job that batches, run from a longer process), set back
+    to what it was after; yields whether blocks run on AMX in the body."""
+    so = _library(torch.bfloat16)[0]
+    if so is None:
+        yield False
+        return
+    before = so.fused_amx()
+    try:
+        yield amx_blocks(on) if before else False
+    finally:
+        so.fused_init(before)
 
 
 def reason(dtype: torch.dtype = torch.bfloat16) -> str | None:

@@ -39,6 +39,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessorList
 
+from ..core import fused
 from ..core.drafters import default_k
 from ..core.target import Target
 from ..errors import DataError, InputError
@@ -428,7 +429,8 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     these existed is extended as it was written (HF's own generation; one call per batch).
     engine="batch": generation through mtpspec's own batched decode loop instead
     (`batch_generate.py`; greedy answers drafted by `head` if given): each row is mtpspec's plain
-    decoding of it, recorded as such; a set keeps the engine it was started with."""
+    decoding of it, recorded as such; a set keeps the engine it was started with. Its quantized
+    matrices run on AMX tiles where the CPU has them (`fused.blocks_on_amx`), set back after."""
     check_engine(engine)
     out = Path(out_dir)
     recipe = resolve_recipe(cfg.recipe, tokenizer)
@@ -460,9 +462,10 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     settings["generation"] = dict(GENERATION) if engine == "batch" else generation(model)
     manifest = _load_manifest(out, target, settings)
     out.mkdir(parents=True, exist_ok=True)
-    if engine == "batch":
-        return _write(model, tokenizer, out, cfg, recipe, extra, real, manifest, progress,
-                      writer=_BatchWriter(target, tokenizer, cfg, stop_token_ids(model, tokenizer), head))
+    if engine == "batch":  # 48 rows a forward: quantized matrices on AMX tiles where there are some (fused.py)
+        with fused.blocks_on_amx():
+            return _write(model, tokenizer, out, cfg, recipe, extra, real, manifest, progress,
+                          writer=_BatchWriter(target, tokenizer, cfg, stop_token_ids(model, tokenizer), head))
     # None: a set started before `fast_generate`, extended with HF's own generation, as it was written
     how = manifest["settings"].get("generation")
     with attention_implementation(model, how["attention"]) if how else contextlib.nullcontext():
