@@ -42,9 +42,9 @@ OUTCOMES = ("ok", "cancelled", "error", "rejected")
 
 
 # Draft rows the running requests share where blocks run on AMX tiles (BatchConfig.draft_rows):
-# an in-process sweep (2-core Xeon, 8 requests over the built-in prompts, 96 tokens, k = 3 at
-# most) gave 346 tok/s with 6 (no drafts), 391 with 16, 402 with 24, 384 with 32
-# (reports/batching/).
+# reports/batching/draft_rows.py (2-core Xeon, 8 requests over the built-in prompts, 96 tokens,
+# k = 3 at most) gave 328 tok/s with 6 (no drafts), 374 with 16, 373 with 24, 370 with 32 (an
+# earlier run: 346 / 391 / 402 / 384); on AVX-512 6 stays best.
 AMX_DRAFT_ROWS = 24
 
 
