@@ -27,12 +27,12 @@ from typer.testing import CliRunner
 import mtpspec
 from mtpspec import Draft, MTPHead, SamplingConfig
 from mtpspec.core import fused
-from mtpspec.core.batch import BatchConfig
+from mtpspec.core.batch import AMX_DRAFT_ROWS, BatchConfig
 from mtpspec.detokenize import TextStream
 from mtpspec.errors import InputError
 from mtpspec.models import chat_ids, load_target
 from mtpspec.serve import Engine, ServeConfig, load_engine
-from mtpspec.serve.engine import AMX_DRAFT_ROWS, DecodeRequest
+from mtpspec.serve.engine import DecodeRequest
 
 K = 3
 PROMPT = "w7 w8 w9"

@@ -39,6 +39,11 @@ from .target import Target, TargetStep
 
 # Rows of one batched forward that the tests check bit for bit against one sequence alone.
 BATCH_ROWS_MAX = 64
+# BatchConfig.draft_rows where quantized matrices run on AMX tiles (`fused.amx_blocks`), where
+# rows cost little: reports/batching/draft_rows.py (2-core Xeon, 8 requests over the built-in
+# prompts, 96 tokens, k = 3 at most) gave 328 tok/s with 6 (no drafts), 374 with 16, 373 with
+# 24, 370 with 32 (an earlier run: 346 / 391 / 402 / 384); on AVX-512 6 stays best.
+AMX_DRAFT_ROWS = 24
 
 
 @dataclass(frozen=True)

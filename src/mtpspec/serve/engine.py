@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..config import AcceptanceConfig, SamplingConfig
-from ..core.batch import Batch, BatchConfig, Slot
+from ..core.batch import AMX_DRAFT_ROWS, Batch, BatchConfig, Slot
 from ..core.decode import DecodeState, Round
 from ..core.drafters import build_drafter
 from ..core.head import MTPHead
@@ -39,13 +39,6 @@ log = logging.getLogger("mtpspec.serve")
 
 # Outcomes counted in /metrics.
 OUTCOMES = ("ok", "cancelled", "error", "rejected")
-
-
-# Draft rows the running requests share where blocks run on AMX tiles (BatchConfig.draft_rows):
-# reports/batching/draft_rows.py (2-core Xeon, 8 requests over the built-in prompts, 96 tokens,
-# k = 3 at most) gave 328 tok/s with 6 (no drafts), 374 with 16, 373 with 24, 370 with 32 (an
-# earlier run: 346 / 391 / 402 / 384); on AVX-512 6 stays best.
-AMX_DRAFT_ROWS = 24
 
 
 @dataclass(frozen=True)

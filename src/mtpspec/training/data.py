@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from transformers import LogitsProcessorList
 
 from ..core import fused
+from ..core.batch import AMX_DRAFT_ROWS, BATCH_ROWS_MAX, BatchConfig
 from ..core.drafters import default_k
 from ..core.target import Target
 from ..errors import DataError, InputError
@@ -278,13 +279,18 @@ class _BatchWriter(_Writer):
     """Generation through mtpspec's own batched decode loop (`batch_generate.py`): the same
     prompts, stages and cuts, each row mtpspec's plain decoding of it."""
 
-    def __init__(self, target: Target, tokenizer: Any, cfg: DataConfig, stop_ids: list[int], head: Any = None):
+    def __init__(self, target: Target, tokenizer: Any, cfg: DataConfig, stop_ids: list[int], head: Any = None,
+                 amx: bool = False):
         super().__init__(target.model, tokenizer, cfg, stop_ids)
         self.target = target
         self.head, self.k = head, (default_k(head) if head is not None else 0)
+        # blocks on AMX tiles: rows cost little, so the greedy rows left at a stage's end draft more
+        # (drafts never change a greedy row, and sampled rows are not drafted: the same set)
+        self.config = BatchConfig(max_rows=BATCH_ROWS_MAX, **({"draft_rows": AMX_DRAFT_ROWS} if amx else {}))
 
     def generate(self, rows: list[list[int]], max_new: int, temperature: float) -> list[list[int]]:
-        return batch_generate(self.target, rows, max_new, temperature, TOP_P, self.stop_ids, self.head, self.k)
+        return batch_generate(self.target, rows, max_new, temperature, TOP_P, self.stop_ids, self.head, self.k,
+                              self.config)
 
 
 Sample = tuple[list[int], int]  # (prompt + answer ids, prompt length)
@@ -463,9 +469,9 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     manifest = _load_manifest(out, target, settings)
     out.mkdir(parents=True, exist_ok=True)
     if engine == "batch":  # 48 rows a forward: quantized matrices on AMX tiles where there are some (fused.py)
-        with fused.blocks_on_amx():
+        with fused.blocks_on_amx() as amx:
             return _write(model, tokenizer, out, cfg, recipe, extra, real, manifest, progress,
-                          writer=_BatchWriter(target, tokenizer, cfg, stop_token_ids(model, tokenizer), head))
+                          writer=_BatchWriter(target, tokenizer, cfg, stop_token_ids(model, tokenizer), head, amx))
     # None: a set started before `fast_generate`, extended with HF's own generation, as it was written
     how = manifest["settings"].get("generation")
     with attention_implementation(model, how["attention"]) if how else contextlib.nullcontext():
