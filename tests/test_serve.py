@@ -88,21 +88,15 @@ def ref(tiny):
     return target, MTPHead.from_pretrained(d / "head", target), tok
 
 
-def restore_kernels() -> None:
-    """load_engine sets the process's AMX kernels for quantized matrices (a server's choice for
-    its process): back to what the process started with."""
-    so, start, _ = fused._library(torch.bfloat16)
-    if so is not None:
-        so.fused_init(start)
-
-
 @pytest.fixture(scope="module")
 def server(tiny):
     d, _ = tiny
-    engine = load_engine(str(d), str(d / "head"), "fp32", K, default_max_tokens=8, max_tokens_limit=64, max_queue=16)
-    with serving(engine) as url:
-        yield url, engine
-    restore_kernels()
+    # load_engine sets the process's AMX kernels for quantized matrices (a server's choice for its
+    # process): set back after the module
+    with fused.blocks_on_amx(False):
+        engine = load_engine(str(d), str(d / "head"), "fp32", K, default_max_tokens=8, max_tokens_limit=64, max_queue=16)
+        with serving(engine) as url:
+            yield url, engine
 
 
 def expected(ref, ids: torch.Tensor, n: int, **sampling) -> tuple[list[int], str]:
@@ -562,8 +556,9 @@ def test_cli_serve_passes_host_and_port_to_uvicorn(tiny, monkeypatch, process_ke
 
 @pytest.fixture
 def process_kernels():
-    yield
-    restore_kernels()
+    """load_engine sets the process's AMX kernels for quantized matrices: set back after the test."""
+    with fused.blocks_on_amx(False):
+        yield
 
 
 def test_config_refuses_bad_limits_and_resolves_amx_blocks():

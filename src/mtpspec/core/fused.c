@@ -641,7 +641,7 @@ static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *
         const size_t at = (size_t)16 * (dense ? I : KQ); /* elements between the w tiles */
         for (int kc = 0; kc < I; kc += KC) {
             const int kn = I - kc < KC ? I - kc : KC, last = kc + kn >= I;
-            bf16 *buf = wbuf + (size_t)(kc / KC % 2) * 64 * KQ;
+            bf16 *buf = dense ? NULL : wbuf + (size_t)(kc / KC % 2) * 64 * KQ; /* a quantized part's chunk */
             const bf16 *a = dense ? (const bf16 *)P->data + (size_t)o0 * I + kc : buf;
             if (!dense) { /* chunk kc was dequantized a step earlier (the first just now); the next now */
                 if (kc == 0) dequant_chunk(P, o0, 16 * nt, 0, kn, KQ, I, buf);
