@@ -13,6 +13,8 @@ from transformers import (
     Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    Gemma4ForCausalLM,
+    Gemma4TextConfig,
     GraniteConfig,
     GraniteForCausalLM,
     HeliumConfig,
@@ -68,6 +70,13 @@ def tiny_model(family: str = "llama", seed: int = 0, **overrides):
 
 
 WINDOW = 8  # sliding window of the tiny interleaved-window configs; greedy tests cross it
+GEMMA4 = {  # what both tiny Gemma 4 configs share
+    "head_dim": 8, "global_head_dim": 16, "sliding_window": WINDOW, "num_hidden_layers": 4,
+    "layer_types": ["sliding_attention", "full_attention"] * 2, "tie_word_embeddings": False,
+    "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0,
+    "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                           "rope_theta": 1_000_000.0}}}
 # Families whose quirks go beyond FAMILIES' (test_target.py checks them against HF); each config
 # turns its quirks on with values that differ from the defaults a plain path assumes.
 QUIRKY = {
@@ -95,12 +104,25 @@ QUIRKY = {
         "layer_types": ["sliding_attention", "full_attention"] * 2, "tie_word_embeddings": False,
         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                             "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0}}}),
+    # as Gemma 3 plus: wider heads and fewer key/value heads in the full-attention layers, whose
+    # values are their key projection (k_eq_v); values normalized; a quarter of each full head
+    # rotated (proportional RoPE); every layer's output scaled (layer_scalar, see quirky_model);
+    # the final soft-cap; no query_pre_attn_scalar (scores unscaled)
+    "gemma4_text": (Gemma4TextConfig, Gemma4ForCausalLM, {**GEMMA4, "attention_k_eq_v": True,
+                                                          "num_global_key_value_heads": 1, "final_logit_softcapping": 3.0}),
+    # the E-series (E2B / E4B): per-layer inputs, the last two layers reading the keys and values
+    # of the last earlier layer of their type (KV sharing), their MLPs twice as wide
+    "gemma4_text_e": (Gemma4TextConfig, Gemma4ForCausalLM, {
+        **GEMMA4, "num_hidden_layers": 6, "layer_types": ["sliding_attention", "full_attention"] * 3,
+        "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 97, "num_kv_shared_layers": 2,
+        "use_double_wide_mlp": True}),
 }
 
 
 def quirky_model(family: str, seed: int = 0, **overrides):
     """A tiny random model of a QUIRKY family; every norm weight is perturbed too, so that a
-    norm read as w instead of 1 + w, or applied in the wrong place, changes the output."""
+    norm read as w instead of 1 + w, or applied in the wrong place, changes the output; so is
+    Gemma 4's per-layer output scale (a buffer of ones until a checkpoint sets it)."""
     cfg_cls, model_cls, extra = QUIRKY[family]
     torch.manual_seed(seed)
     model = model_cls(cfg_cls(**{**COMMON, **extra, **overrides})).eval()
@@ -108,6 +130,9 @@ def quirky_model(family: str, seed: int = 0, **overrides):
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(torch.randn_like(p) * 0.3)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.uniform_(0.5, 1.5)
     return model
 
 

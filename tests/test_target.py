@@ -13,7 +13,8 @@ from mtpspec.core.target import SUPPORTED, rms_norm
 
 
 def test_every_supported_family_is_tested():
-    assert set(SUPPORTED) == set(FAMILIES) | set(QUIRKY) | {"phi3"}  # phi3: test_phi3_fused_projections_...
+    tested = {cfg.model_type for cfg, _, _ in [*FAMILIES.values(), *QUIRKY.values()]}
+    assert set(SUPPORTED) == tested | {"phi3"}  # phi3: test_phi3_fused_projections_...
 
 
 @pytest.mark.parametrize("family", list(FAMILIES) + list(QUIRKY))
@@ -312,3 +313,54 @@ def test_cache_planes_copy_only_new_slots_and_follow_keep():
     assert (kp[:, 1:, :, :10] == -1.0).all()  # not copied again: only new slots are
     kp2, _ = cache.planes(4, 12)  # more planes: a new store, all synced
     assert all(torch.equal(kp2[:, j, :, :12], cache.keys[:, :, :12]) for j in range(4))
+
+
+def test_a_layered_cache_keeps_reserves_and_lays_out_planes_per_store():
+    """Layers of different shapes (Gemma 4's sliding / full heads) and layers that share another's
+    keys and values: a shared layer's entry is its producer's (no memory of its own), and keep,
+    reserve and planes move every store's slots as a uniform cache moves its own."""
+    from mtpspec.core.cache import KVCache
+
+    c = KVCache.layered([(2, 4), (1, 8)], share=[0, 1, 0, 1], capacity=64, dtype=torch.float32, fixed=False)
+    assert [tuple(k.shape) for k in c.keys] == [(2, 64, 4), (1, 64, 8), (2, 64, 4), (1, 64, 8)]
+    assert c.keys[2].data_ptr() == c.keys[0].data_ptr() and c.values[3].data_ptr() == c.values[1].data_ptr()
+    g = torch.Generator().manual_seed(0)
+    for i in (0, 1):
+        c.keys[i].copy_(torch.randn(c.keys[i].shape, generator=g))
+        c.values[i].copy_(torch.randn(c.values[i].shape, generator=g))
+    before = [k.clone() for k in c.keys[:2]]
+    c.length = 14
+    c.keep(10, [1, 3])  # a tree path: slots 11 and 13 move to 10 and 11
+    assert c.length == 12
+    for i in (0, 1):
+        assert torch.equal(c.keys[i][:, :10], before[i][:, :10])
+        assert torch.equal(c.keys[i][:, 10:12], before[i][:, [11, 13]])
+        k, v = c.layer(i + 2)  # the sharing layer reads the same slots
+        assert k.shape == (1, *before[i].shape[:1], 12, before[i].shape[-1]) and torch.equal(k[0], c.keys[i][:, :12])
+    kp, vp = c.planes(3, 12)
+    assert kp[1].shape == (3, 1, 64, 8) and kp[3].data_ptr() == kp[1].data_ptr()
+    assert c.keys[1].data_ptr() == kp[1][0].data_ptr()  # the cache lives in plane 0
+    assert all(torch.equal(kp[i][j, :, :12], c.keys[i][:, :12]) for i in range(4) for j in range(3))
+    kept = [k[:, :12].clone() for k in c.keys[:2]]
+    c.reserve(100)  # a growable cache: reallocated, the slots kept, planes dropped
+    assert c.capacity == 128 and not c.has_planes
+    assert all(torch.equal(c.keys[i][:, :12], kept[i]) for i in (0, 1)) and c.keys[2].data_ptr() == c.keys[0].data_ptr()
+
+
+def test_gemma4_cache_has_one_entry_per_layer_that_computes_keys_and_values():
+    """Gemma 4's full-attention layers cache wider heads (fewer of them with k_eq_v), and the
+    E-series' KV-shared layers cost no cache of their own."""
+    t = mtpspec.Target(quirky_model("gemma4_text"))
+    assert [t.kv_shape(i) for i in range(4)] == [(2, 8), (1, 16), (2, 8), (1, 16)]
+    c = t.new_cache(64)
+    assert [tuple(k.shape) for k in c.keys] == [(2, 64, 8), (1, 64, 16), (2, 64, 8), (1, 64, 16)]
+    e = mtpspec.Target(quirky_model("gemma4_text_e"))  # 6 layers, the last two share layers 2 and 3's
+    c = e.new_cache(64)
+    assert len({k.data_ptr() for k in c.keys}) == 4
+    assert c.keys[4].data_ptr() == c.keys[2].data_ptr() and c.keys[5].data_ptr() == c.keys[3].data_ptr()
+
+
+def test_gemma4_mixture_of_experts_is_refused_with_the_reason():
+    model = quirky_model("gemma4_text", enable_moe_block=True, num_experts=2, top_k_experts=1, moe_intermediate_size=16)
+    with pytest.raises(mtpspec.UnsupportedModelError, match="mixture-of-experts"):
+        mtpspec.Target(model)

@@ -145,7 +145,7 @@ class MTPHead(nn.Module):
         self.fc = nn.Linear(2 * D, D, bias=False)
         mlp_hidden = int(round(config.mlp_ratio * D))
         self.blocks = nn.ModuleList(
-            CrossBlock(D, target.num_heads, target.head_dim, mlp_hidden, eps, target.interleaved_rope)
+            CrossBlock(D, target.num_heads, target.kv_shape(self.kv_layer)[1], mlp_hidden, eps, target.interleaved_rope)
             for _ in range(config.num_blocks)
         )
         self._init_weights()

@@ -33,7 +33,9 @@ in one place below:
 - scales and caps: the embedding scale (Gemma's sqrt(D) lives in its embedding module,
   Granite's embedding_multiplier here), Granite's residual_multiplier and logits_scaling,
   Gemma 2's attention and final logit soft-caps;
-- sliding windows per layer (`_sliding_windows`).
+- sliding windows per layer (`_sliding_windows`);
+- Gemma 4 (`gemma4.py`): head shapes per layer, values from the key projection or normalized,
+  layers that read another layer's keys and values, per-layer inputs, per-layer output scales.
 
 The head shares the embedding, final norm and LM head through `embed_tokens`, `final_norm`,
 `finish_logits` and `rope`, so it sees exactly what the decoder stack sees; the fused forward
@@ -55,7 +57,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..errors import InputError, UnsupportedModelError
-from . import fused
+from . import fused, gemma4
 from .cache import SLOT_ALIGN, KVCache
 from .fused import SeqRows
 from .kernels import KernelPlan, attention, choose_plan, linear
@@ -70,7 +72,7 @@ from .weights import LayerWeights, Norm, Projection, TargetWeights
 SUPPORTED = {
     "llama": "Llama / SmolLM2", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "phi3": "Phi-3",
     "olmo2": "OLMo 2", "granite": "Granite", "helium": "Helium", "smollm3": "SmolLM3", "gemma2": "Gemma 2",
-    "gemma3_text": "Gemma 3 (text)",
+    "gemma3_text": "Gemma 3 (text)", "gemma4_text": "Gemma 4 (text)",
 }
 # Families whose RMSNorm is w * normalize(x).to(dtype), run as one fused call (`rms_norm`);
 # the others' norms differ in where they cast or in (1 + w), and run through their own module.
@@ -114,6 +116,13 @@ class _Layer:
     q_norm: nn.Module | None
     k_norm: nn.Module | None
     act: nn.Module
+    hd: int  # head dim of this layer's queries, keys and values
+    hk: int  # key/value heads
+    kv: str  # where its keys and values come from: gemma4.KV_KINDS ("own" everywhere but Gemma 4)
+    source: int  # the layer whose cache entry it attends (itself unless kv == "shared")
+    v_norm: nn.Module | None  # Gemma 4: a scale-free RMSNorm on the values
+    scalar: torch.Tensor | None  # Gemma 4: the layer's output is multiplied by this (1,) buffer
+    ple: gemma4.PerLayerInput | None  # Gemma 4's per-layer-input branch after the MLP
     # The parameters that now live in qkv / gate_up (q and gate lead them): if either is given
     # new data (`model.to(dtype)`, a weight swapped in), the layer is read again.
     watch: tuple[torch.Tensor, torch.Tensor]
@@ -262,10 +271,13 @@ class Target:
                 f"mtpspec does not support the architecture {arch!r} (model_type={model_type!r}). "
                 f"Supported: {', '.join(f'{v} ({k})' for k, v in SUPPORTED.items())}."
             )
-        if any(float(r.get("partial_rotary_factor", 1.0)) != 1.0 for r in _rope_parameters(cfg)):
+        # Proportional RoPE (Gemma 4) rotates part of a head by a whole-head table (cos 1, sin 0
+        # elsewhere), which the adapter applies as it is; other partial RoPE is refused.
+        if any(float(r.get("partial_rotary_factor", 1.0)) != 1.0 and r.get("rope_type") != "proportional"
+               for r in _rope_parameters(cfg)):
             raise UnsupportedModelError(f"{model_type} with partial rotary embeddings (partial_rotary_factor < 1) is not "
                                         "supported: the adapter rotates whole heads.")
-        if getattr(cfg, "use_bidirectional_attention", False):
+        if getattr(cfg, "use_bidirectional_attention", None) in (True, "all"):  # Gemma 4's "vision": images only
             raise UnsupportedModelError(f"{model_type} with use_bidirectional_attention=True is not supported: tokens "
                                         "attend to later tokens, so the model cannot decode one token at a time.")
         for path in ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head"):
@@ -282,7 +294,10 @@ class Target:
         self.interleaved_rope = model_type in _INTERLEAVED_ROPE
         self._rope_tables = _rope_tables_per_layer(cfg)
         self.windows = _sliding_windows(cfg, model_type)
-        self._layers = [self._read_layer(i, layer) for i, layer in enumerate(model.model.layers)]
+        if model_type == gemma4.MODEL_TYPE:
+            gemma4.check(cfg)
+        self._kv_sources = gemma4.kv_sources(cfg) if model_type == gemma4.MODEL_TYPE else list(range(self.num_layers))
+        self._read_layers()
         self._rope_keys = sorted({L.w.rope for L in self._layers if L.w.rope is not None})  # tables a forward computes
         # Elementwise scales and caps (1.0 / None = absent): Granite's multipliers, Gemma 2's caps.
         self.embedding_multiplier = float(getattr(cfg, "embedding_multiplier", None) or 1.0)
@@ -317,15 +332,18 @@ class Target:
             if attn_in is None or mlp_in is None:
                 raise UnsupportedModelError(f"{name}: a decoder layer without input_layernorm and "
                                             "post_attention_layernorm is not supported.")
+        kv = gemma4.kv_kind(a) if self.model_type == gemma4.MODEL_TYPE else "own"
+        hd = int(getattr(a, "head_dim", None) or self.head_dim)
         if isinstance(getattr(a, "qkv_proj", None), nn.Linear):  # Phi-3: q, k, v fused; row views, no copy
             if a.qkv_proj.bias is not None:
                 raise UnsupportedModelError(f"{name}: a fused qkv projection with a bias is not supported.")
             qkv = Projection(a.qkv_proj.weight)
         else:
-            for proj in ("q_proj", "k_proj", "v_proj"):
+            projs = {"own": ("q_proj", "k_proj", "v_proj"), "k": ("q_proj", "k_proj"), "shared": ("q_proj",)}[kv]
+            for proj in projs:
                 if not _linear(getattr(a, proj, None)):
                     raise UnsupportedModelError(f"{name}: attention has no linear `{proj}`.")
-            mods = [a.q_proj, a.k_proj, a.v_proj]
+            mods = [getattr(a, proj) for proj in projs]
             qkv = _quantized(mods) or Projection(*_stacked([_wb(p) for p in mods]))  # zero copy after the first Target
         if isinstance(getattr(m, "gate_up_proj", None), nn.Linear):  # Phi-3: gate and up fused
             if m.gate_up_proj.bias is not None:
@@ -337,17 +355,23 @@ class Target:
             gate_up, act = _quantized(mods) or Projection(*_stacked([_wb(p) for p in mods])), m.act_fn
         o = _quantized([a.o_proj]) or Projection(*_wb(a.o_proj))
         down = _quantized([m.down_proj]) or Projection(*_wb(m.down_proj))
-        qkv_rows = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        if qkv.out_features != qkv_rows or gate_up.out_features % 2:
+        source = self._kv_sources[i]
+        if kv == "shared":  # its keys and values are its source's: that layer's shape
+            hk = self._layers[source].hk
+        else:
+            kv_rows = (qkv.out_features - self.num_heads * hd) // (2 if kv == "own" else 1)
+            hk = max(kv_rows // hd, 1)
+        qkv_rows = (self.num_heads + {"own": 2, "k": 1, "shared": 0}[kv] * hk) * hd
+        if qkv.out_features != qkv_rows or gate_up.out_features % 2 or self.num_heads % hk:
             raise UnsupportedModelError(f"{name}: q/k/v projections of {qkv.out_features} rows where the config "
                                         f"implies {qkv_rows}, or gate/up of an odd {gate_up.out_features}.")
         lead = getattr(a, "qkv_proj", None) or a.q_proj, getattr(m, "gate_up_proj", None) or m.gate_proj
         watch = tuple(p.blocks if isinstance(p, QuantLinear) else p.weight for p in lead)
         q_norm, k_norm = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
-        if (q_norm is None) != (k_norm is None):
+        if (q_norm is None) != (k_norm is None) and kv != "shared":
             raise UnsupportedModelError(f"{name}: a q norm without a k norm (or the reverse) is not supported.")
         # OLMo 2 normalizes the whole projected q (H * hd) and k (Hk * hd); Qwen3 and Gemma 3 each head (hd)
-        whole = q_norm is not None and q_norm.weight.shape[-1] == self.num_heads * self.head_dim != self.head_dim
+        whole = q_norm is not None and q_norm.weight.shape[-1] == self.num_heads * hd != hd
         if self._rope_tables is not None:
             rope: str | None = self._rope_tables[i]
         else:
@@ -357,7 +381,7 @@ class Target:
             attn_out_norm=_norm_weights(attn_out), mlp_out_norm=_norm_weights(mlp_out),
             q_norm=_norm_weights(q_norm), k_norm=_norm_weights(k_norm), qk_norm_whole=whole,
             qkv=qkv, o=o, gate_up=gate_up, down=down, activation=_activation(act),
-            scale=float(getattr(a, "scaling", None) or self.head_dim**-0.5), rope=rope, window=self.windows[i],
+            scale=float(getattr(a, "scaling", None) or hd**-0.5), rope=rope, window=self.windows[i],
         )
         return _Layer(
             w=w,
@@ -365,14 +389,22 @@ class Target:
             attn_out=None if attn_out is None else self._norm(attn_out),
             mlp_in=None if mlp_in is None else self._norm(mlp_in),
             mlp_out=None if mlp_out is None else self._norm(mlp_out),
-            q_norm=q_norm, k_norm=k_norm, act=act, watch=watch,
+            q_norm=q_norm, k_norm=k_norm, act=act, watch=watch, hd=hd, hk=hk, kv=kv, source=source,
+            v_norm=getattr(a, "v_norm", None) if kv != "shared" else None, scalar=getattr(layer, "layer_scalar", None),
+            ple=gemma4.per_layer_input(layer) if self.model_type == gemma4.MODEL_TYPE else None,
         )
 
     def _refresh(self) -> None:
         """Read the layers again if the model was cast or given new weights since."""
         if any(L.stale() for L in self._layers):
-            self._layers = [self._read_layer(i, layer) for i, layer in enumerate(self.model.model.layers)]
+            self._read_layers()
             self._fused = None
+
+    def _read_layers(self) -> None:
+        """Every layer, in order (a KV-shared layer takes its source's shape, read before it)."""
+        self._layers = []
+        for i, layer in enumerate(self.model.model.layers):
+            self._layers.append(self._read_layer(i, layer))
 
     def weights(self) -> TargetWeights:
         """The decoder stack's weights after the embedding, by reference (`weights.py`): what
@@ -440,11 +472,17 @@ class Target:
         """The rotary (cos, sin), (B, T, hd) each, that layer `layer` applies to its keys at (B, T)
         positions (cos = 1, sin = 0 in a layer without RoPE); rotate with `apply_rope(x, cos, sin,
         target.interleaved_rope)`."""
-        key = self._layers[self.layer_index(layer)].w.rope
-        if key is None:
-            ones = like.new_ones(*positions.shape, self.head_dim)
+        L = self._layers[self.layer_index(layer)]
+        if L.w.rope is None:
+            ones = like.new_ones(*positions.shape, L.hd)
             return ones, torch.zeros_like(ones)
-        return self.rope_table(positions, like, key)
+        return self.rope_table(positions, like, L.w.rope)
+
+    def kv_shape(self, layer: int) -> tuple[int, int]:
+        """(Hk, hd): the key/value heads and head dim of layer `layer`'s cache entry (they differ
+        between Gemma 4's sliding and full-attention layers)."""
+        L = self._layers[self.layer_index(layer)]
+        return L.hk, L.hd
 
     @property
     def hidden_size(self) -> int:
@@ -464,10 +502,16 @@ class Target:
 
     @property
     def num_kv_heads(self) -> int:
+        """Layer 0's key/value heads: every layer's, except in Gemma 4 (see `kv_shape`)."""
+        if getattr(self, "_layers", None):
+            return self._layers[0].hk
         return int(getattr(self.config, "num_key_value_heads", None) or self.num_heads)
 
     @property
     def head_dim(self) -> int:
+        """Layer 0's head dim: every layer's, except in Gemma 4 (see `kv_shape`)."""
+        if getattr(self, "_layers", None):
+            return self._layers[0].hd
         return int(getattr(self.config, "head_dim", None) or self.hidden_size // self.num_heads)
 
     @property
@@ -494,7 +538,8 @@ class Target:
                 uses[shape] = uses.get(shape, 0) + self.num_layers
             head_shape = (self.vocab_size, self.hidden_size)
             uses[head_shape] = uses.get(head_shape, 0) + 1
-            heads = (self.num_heads, self.num_kv_heads, self.head_dim)
+            widest = max(self._layers, key=lambda L: L.hd)  # Gemma 4: check the widest heads' attention
+            heads = (self.num_heads, widest.hk, widest.hd)
             self._plans[self.dtype] = choose_plan(self.dtype, uses, heads, self.num_layers, softcap=self.attn_softcap,
                                                   on_cpu=self.device.type == "cpu")
         return self._plans[self.dtype]
@@ -539,7 +584,12 @@ class Target:
         agree bit for bit only with equal capacities: `decode.prefill` derives it from the
         prompt length and max_new_tokens, never from the number of drafts."""
         S = -(-max(capacity or 0, 0) // SLOT_ALIGN) * SLOT_ALIGN
-        shape = (self.num_layers, self.num_kv_heads, S, self.head_dim)
+        shapes = [(L.hk, L.hd) for L in self._layers]
+        if len(set(shapes)) > 1 or any(L.source != i for i, L in enumerate(self._layers)):  # Gemma 4
+            stores = sorted({L.source for L in self._layers})
+            return KVCache.layered([shapes[j] for j in stores], [stores.index(L.source) for L in self._layers], S,
+                                   self.dtype, self.device, fixed=capacity is not None)
+        shape = (self.num_layers, shapes[0][0], S, shapes[0][1])
         return KVCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
                        torch.zeros(shape, dtype=self.dtype, device=self.device), fixed=capacity is not None)
 
@@ -653,15 +703,15 @@ class Target:
             # Planes 1..P-1 (the cache's own, `KVCache.planes`) already hold the committed slots;
             # each layer copies in only its branch's new slots: plane j's slot start + d reads
             # cache slot start + path_j[d] (path_j: the new rows its last row sees, in order).
-            kplanes, vplanes = cache.planes(P, start)  # (N, P' >= P, Hk, S, hd) each
-            Pn = kplanes.shape[1]
-            nkv = self.num_kv_heads
-            dst, src = [], []
-            for j, ch in enumerate(chains[1:], 1):
-                path = layout.anc[ch[-1], : int(layout.nanc[ch[-1]])].tolist()
-                dst += [(j * nkv + h) * S + start + d for h in range(nkv) for d in range(len(path))]
-                src += [h * S + start + r for h in range(nkv) for r in path]
-            dst_t, src_t = torch.tensor(dst, device=dev), torch.tensor(src, device=dev)  # rows of (P' * Hk * S, hd)
+            kplanes, vplanes = cache.planes(P, start)  # (N, P' >= P, Hk, S, hd) each; [i] per layer if layered
+            paths = [layout.anc[ch[-1], : int(layout.nanc[ch[-1]])].tolist() for ch in chains[1:]]
+            copies = {}  # Hk -> (dst, src) rows of (P' * Hk * S, hd)
+            for nkv in {L.hk for L in self._layers}:
+                dst, src = [], []
+                for j, path in enumerate(paths, 1):
+                    dst += [(j * nkv + h) * S + start + d for h in range(nkv) for d in range(len(path))]
+                    src += [h * S + start + r for h in range(nkv) for r in path]
+                copies[nkv] = torch.tensor(dst, device=dev), torch.tensor(src, device=dev)
             qrows = torch.tensor([ch[min(w, len(ch) - 1)] for ch in chains for w in range(W)], device=dev)  # (P * W,)
             where = {r: j * W + w for j, ch in enumerate(chains) for w, r in enumerate(ch)}
             out_rows = torch.tensor([where[r] for r in range(T)], device=dev)  # (T,): row r's place in (P * W)
@@ -672,10 +722,12 @@ class Target:
         if tree:
             plane_masks = {w: m[qrows].view(P, W, S) for w, m in masks.items()}  # (P, W, S)
         plan = self.plan
-        H, Hk, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        H = self.num_heads
         rm, cap = self.residual_multiplier, self.attn_softcap
+        lin = partial(_plain_linear, kind=plan.linear)
 
         x = self.embed_tokens(input_ids)[0]  # (T, D)
+        per_layer = gemma4.per_layer_inputs(self.model, input_ids, x, lin)  # (T, N, P) or None
         ropes = {}  # rotary table -> (cos, sin), (1, 1, T, hd) each; sin signed unless interleaved
         for key in self._rope_keys:
             cos, sin = self.rope_table(positions[None], x, key)  # (1, T, hd) each
@@ -689,28 +741,42 @@ class Target:
                 feats[i] = x
             # attention
             h = x if L.attn_in is None else L.attn_in(x)  # (T, D)
-            qkv = linear(h, w.qkv.dense(self.dtype), w.qkv.bias, plan.linear)  # (T, H * hd + 2 * Hk * hd)
-            q, k, v = qkv.split([H * hd, Hk * hd, Hk * hd], -1)  # (T, H * hd), (T, Hk * hd) x 2
-            v = v.view(T, Hk, hd)
+            Hk, hd = L.hk, L.hd
+            qkv = linear(h, w.qkv.dense(self.dtype), w.qkv.bias, plan.linear)  # (T, H * hd [+ Hk * hd [+ Hk * hd]])
+            if L.kv == "shared":  # Gemma 4: keys and values are layer L.source's, already cached
+                q, k, v = qkv, qkv[:, :0], None  # (T, H * hd), no keys
+            elif L.kv == "k":  # Gemma 4 k_eq_v: the values are the key projection itself
+                q, k = qkv.split([H * hd, Hk * hd], -1)
+                v = k.view(T, Hk, hd)
+            else:
+                q, k, v = qkv.split([H * hd, Hk * hd, Hk * hd], -1)  # (T, H * hd), (T, Hk * hd) x 2
+                v = v.view(T, Hk, hd)
             if w.qk_norm_whole:
                 q, k = L.q_norm(q), L.k_norm(k)  # type: ignore[misc]
-            q, k = q.view(T, H, hd), k.view(T, Hk, hd)
+            q, k = q.view(T, H, hd), k.view(T, -1, hd)  # (T, H, hd), (T, Hk or 0, hd)
             if L.q_norm is not None and not w.qk_norm_whole:
-                q, k = L.q_norm(q), L.k_norm(k)  # type: ignore[misc]
+                q = L.q_norm(q)
+                if v is not None:
+                    k = L.k_norm(k)  # type: ignore[misc]
+            if L.v_norm is not None and v is not None:
+                v = L.v_norm(v)
             qk = torch.cat([q, k], 1).transpose(0, 1)[None]  # (1, H + Hk, T, hd): one RoPE for both
             if w.rope is not None:
                 cos, sin = ropes[w.rope]
                 qk = apply_rope(qk, cos, sin, True) if self.interleaved_rope else apply_rope_signed(qk, cos, sin)
             q, k = qk[:, :H], qk[:, H:]  # (1, H, T, hd), (1, Hk, T, hd)
-            cache.keys[i, :, start:start + T] = k[0]
-            cache.values[i, :, start:start + T] = v.transpose(0, 1)
+            if v is not None:
+                cache.keys[i][:, start:start + T] = k[0]
+                cache.values[i][:, start:start + T] = v.transpose(0, 1)
             if not tree:
                 a = attention(q, cache.keys[i][None], cache.values[i][None], masks[w.window], w.scale, plan.attention, cap)[0]  # (H, T, hd)
             else:  # one call over the P planes (see above)
-                kp, vp = kplanes[i, :P], vplanes[i, :P]  # (P, Hk, S, hd) each, contiguous
-                for t in (kplanes[i], vplanes[i]):
-                    flat = t.view(Pn * Hk * S, hd)
-                    flat.index_copy_(0, dst_t, flat.index_select(0, src_t))
+                kp, vp = kplanes[i][:P], vplanes[i][:P]  # (P, Hk, S, hd) each, contiguous
+                if v is not None:  # a KV-shared layer reads planes its source already laid out
+                    dst_t, src_t = copies[Hk]
+                    for t in (kplanes[i], vplanes[i]):
+                        flat = t.view(-1, hd)  # (P' * Hk * S, hd), planes are contiguous
+                        flat.index_copy_(0, dst_t, flat.index_select(0, src_t))
                 qp = q[0].index_select(1, qrows).view(H, P, W, hd).transpose(0, 1).contiguous()  # (P, H, W, hd)
                 ap = attention(qp, kp, vp, plane_masks[w.window], w.scale, plan.attention, cap)  # (P, H, W, hd)
                 a = ap.transpose(0, 1).reshape(H, P * W, hd).index_select(1, out_rows)  # (H, T, hd)
@@ -726,6 +792,10 @@ class Target:
             if L.mlp_out is not None:
                 out = L.mlp_out(out)
             x = x + (out if rm == 1.0 else out * rm)
+            if L.ple is not None:
+                x = gemma4.apply_per_layer_input(x, L.ple, per_layer[:, i], lin)  # type: ignore[index]
+            if L.scalar is not None:
+                x = x * L.scalar
         x = self.final_norm(x)  # (T, D)
         feats[self.num_layers] = x
         cache.length = start + T
@@ -738,6 +808,11 @@ class Target:
         the same row-invariant kernel as every other matmul, then `finish_logits`."""
         lm = self.lm_projection
         return self.finish_logits(linear(h, lm.dense(self.dtype), lm.bias, self.plan.linear))
+
+
+def _plain_linear(x: torch.Tensor, w: torch.Tensor, kind: str) -> torch.Tensor:
+    """x @ w.T by the plan's row-invariant kernel (no bias)."""
+    return linear(x, w, None, kind)
 
 
 def embedding_fingerprint(embed: nn.Module | torch.Tensor) -> str:
