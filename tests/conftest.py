@@ -219,7 +219,7 @@ def save_tiny_model_dir(path, family: str = "llama"):
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>", bos_token="<s>",
                                   eos_token="<eos>")
     tok.chat_template = "{% for m in messages %}w4 {{ m['content'] }} w5 {% endfor %}{% if add_generation_prompt %}w6{% endif %}"
-    model = tiny_model(family)
+    model = any_model(family)
     model.generation_config.eos_token_id = 3
     model.save_pretrained(path)
     tok.save_pretrained(path)

@@ -364,3 +364,25 @@ def test_gemma4_mixture_of_experts_is_refused_with_the_reason():
     model = quirky_model("gemma4_text", enable_moe_block=True, num_experts=2, top_k_experts=1, moe_intermediate_size=16)
     with pytest.raises(mtpspec.UnsupportedModelError, match="mixture-of-experts"):
         mtpspec.Target(model)
+
+
+@pytest.mark.parametrize("family", ["gemma4_text", "gemma4_text_e"])
+def test_a_multimodal_gemma4_checkpoint_runs_its_text_decoder(family):
+    """Google ships Gemma 4 as `Gemma4ForConditionalGeneration` (text, vision, audio). mtpspec runs
+    its text decoder by reference (`TextOnly`: nothing copied or changed) and equals HF's greedy
+    text of the whole multimodal model, with and without drafts."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    text = quirky_model(family)
+    mm = Gemma4ForConditionalGeneration(Gemma4Config(text_config=text.config.to_dict(), vision_config=None,
+                                                     audio_config=None, tie_word_embeddings=False)).eval()
+    mm.model.language_model.load_state_dict(text.model.state_dict())
+    mm.lm_head.load_state_dict(text.lm_head.state_dict())
+    t = mtpspec.Target(mm)
+    assert t.hf_model is mm and t.model.model is mm.model.language_model and t.model_type == "gemma4_text"
+    ids = torch.randint(4, 97, (1, 15), generator=torch.Generator().manual_seed(3))
+    ref = hf_greedy(mm, ids, 20, eos=[])
+    assert torch.equal(ref, hf_greedy(text, ids, 20, eos=[]))
+    for drafter, k in ((None, 0), (OracleDrafter(ref[0].tolist(), 97), 4)):
+        out = mtpspec.generate(mm, drafter, ids, max_new_tokens=20, num_draft_tokens=k, eos_token_id=[])
+        assert torch.equal(out.sequences, ref), k

@@ -43,7 +43,7 @@ def custom_generate(head: MTPHead, num_draft_tokens: int | None = None, streamer
 
     def mtpspec_generate(model: Any, input_ids: torch.Tensor, logits_processor: Any = None, stopping_criteria: Any = None,
                          generation_config: Any = None, **model_kwargs: Any) -> Any:
-        if head.target.model is not model:
+        if head.target.hf_model is not model:
             raise InputError("This head was loaded for another model object: load it with "
                              "MTPHead.from_pretrained(dir, model) for the model you call generate on.")
         _refuse_unsupported(logits_processor, _PROCESSORS, "generation settings")

@@ -94,7 +94,7 @@ class GenerateOutput:
 
 def resolve_eos(target: Target, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
     if eos_token_id is None:
-        gc = getattr(target.model, "generation_config", None)
+        gc = getattr(target.hf_model, "generation_config", None)
         eos_token_id = getattr(gc, "eos_token_id", None)
     if eos_token_id is None:
         return frozenset()

@@ -79,6 +79,32 @@ SUPPORTED = {
 _LLAMA_NORM = {"llama", "qwen2", "qwen3", "mistral", "phi3", "granite", "smollm3"}
 # Families that rotate interleaved pairs (0, 1), (2, 3), ... instead of the two halves of a head.
 _INTERLEAVED_ROPE = {"helium"}
+# Multimodal checkpoints whose text decoder is a supported family: model_type -> the text one.
+# Google publishes Gemma 3 and 4 this way (`...ForConditionalGeneration`); mtpspec runs the text.
+_MULTIMODAL = {"gemma3": "gemma3_text", "gemma4": "gemma4_text"}
+
+
+class TextOnly(nn.Module):
+    """The text decoder of a multimodal checkpoint as a causal LM: its language model and LM head
+    by reference (no copy, nothing changed on the model), its text config. Text in, text out:
+    images and audio are not run."""
+
+    def __init__(self, model: PreTrainedModel):
+        super().__init__()
+        self.model = model.model.language_model
+        self.lm_head = model.lm_head
+        self.config = model.config.get_text_config()
+        self.multimodal = type(model).__name__
+
+
+def text_only(model: nn.Module) -> nn.Module:
+    """`model`, or its text decoder (`TextOnly`) where it is a multimodal checkpoint of a family
+    whose text decoder mtpspec runs."""
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "model_type", None) in _MULTIMODAL and hasattr(getattr(model, "model", None), "language_model") \
+            and getattr(cfg.get_text_config(), "model_type", None) == _MULTIMODAL[cfg.model_type]:  # type: ignore[union-attr]
+        return TextOnly(model)  # type: ignore[arg-type]
+    return model
 
 
 @dataclass(frozen=True)
@@ -263,6 +289,8 @@ class Target:
             raise InputError(f"engine must be 'auto' or 'torch', not {engine!r}")
         if isinstance(model, Target):
             raise InputError("Target() got a Target; pass the Hugging Face model.")
+        self.hf_model = model  # as given (`model` below: its text decoder, for a multimodal checkpoint)
+        model = text_only(model)
         cfg = getattr(model, "config", None)
         model_type = getattr(cfg, "model_type", None)
         if model_type not in SUPPORTED:

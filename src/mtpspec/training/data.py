@@ -281,7 +281,7 @@ class _BatchWriter(_Writer):
 
     def __init__(self, target: Target, tokenizer: Any, cfg: DataConfig, stop_ids: list[int], head: Any = None,
                  amx: bool = False):
-        super().__init__(target.model, tokenizer, cfg, stop_ids)
+        super().__init__(target.hf_model, tokenizer, cfg, stop_ids)
         self.target = target
         self.head, self.k = head, (default_k(head) if head is not None else 0)
         # blocks on AMX tiles: rows cost little, so the greedy rows left at a stage's end draft more
