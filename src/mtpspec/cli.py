@@ -58,7 +58,8 @@ SERVE_SWITCH_INTERVAL_S = 0.0002  # `mtpspec serve`'s GIL switch interval (see s
 
 # Options several commands share, declared once so that they read (and default) alike.
 TARGET = typer.Option(None, "--target", "-t", help="Local model dir or .gguf file [default: embedded SmolLM2-135M-Instruct].")
-HEAD = typer.Option(None, "--head", help="Saved head directory [default: the shipped head for the target, else a fresh one].")
+HEAD = typer.Option(None, "--head", help="Saved head directory (generate and serve: a Gemma 4 assistant folder too) "
+                    "[default: the shipped head for the target, else a fresh one].")
 DTYPE = typer.Option("auto", "--dtype", help="auto (bf16 where the CPU has native bf16, else fp32), fp32 or bf16.")
 THREADS = typer.Option(0, "--threads", help="torch threads (0 = torch default).")
 WEIGHTS = typer.Option("auto", "--weights", help="What a GGUF target computes on: auto (its quantized blocks wherever "
@@ -189,7 +190,8 @@ def generate(
     kind = drafter_kind(tree, switch)
     rule = AcceptanceConfig.parse(acceptance)  # a bad rule fails before any model loads
     loaded, tgt = open_target(target, dtype, weights)
-    drafter, k = build_drafter(resolve_head(tgt, loaded.name, head, fresh_head, _warn).head, kind, k=num_draft_tokens)
+    drafter, k = build_drafter(resolve_head(tgt, loaded.name, head, fresh_head, _warn, assistants=True).head, kind,
+                               k=num_draft_tokens)
     ids = chat_ids(loaded.tokenizer, prompt)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     stream = None if as_json else _printer(loaded.tokenizer)

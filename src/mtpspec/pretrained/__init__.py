@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from ..config import HeadConfig
+from ..core.assistant import AssistantDrafter, is_assistant_dir, load_assistant
 from ..core.drafters import FALLBACK_K as FALLBACK_K  # the head's own k lives with the drafters
 from ..core.drafters import default_k as default_k
 from ..core.head import CONFIG_NAME, MTPHead, saved_head_config
+from ..errors import InputError
 
 HERE = Path(__file__).parent
 
@@ -37,7 +39,7 @@ FRESH_HEAD_WARNING = ("warning: no trained head for this target; using a freshly
 
 @dataclass(frozen=True)
 class HeadChoice:
-    head: MTPHead
+    head: MTPHead | AssistantDrafter  # an AssistantDrafter only where `resolve_head(assistants=True)`
     directory: Path | None  # where it was loaded from; None = freshly initialised (untrained)
 
     @property
@@ -47,12 +49,13 @@ class HeadChoice:
 
 
 def resolve_head(target: Any, target_name: str, head_dir: str | Path | None = None, fresh: bool = False,
-                 warn: Callable[[str], None] | None = None) -> HeadChoice:
+                 warn: Callable[[str], None] | None = None, assistants: bool = False) -> HeadChoice:
     """The head to draft with: `head_dir` if given, else the head shipped for `target_name`
     (unless `fresh`), else a freshly initialised one - after calling `warn` with
-    FRESH_HEAD_WARNING, since an untrained head accepts almost nothing."""
+    FRESH_HEAD_WARNING, since an untrained head accepts almost nothing. `assistants`: a
+    `head_dir` may be a Gemma 4 assistant folder (`load_head`)."""
     if head_dir is not None:
-        return HeadChoice(load_head(head_dir, target), Path(head_dir))
+        return HeadChoice(load_head(head_dir, target, assistants), Path(head_dir))
     shipped = shipped_head_dir(target_name)
     if shipped is not None and not fresh:
         return HeadChoice(load_head(shipped, target), shipped)
@@ -61,8 +64,16 @@ def resolve_head(target: Any, target_name: str, head_dir: str | Path | None = No
     return HeadChoice(MTPHead.for_target(target), None)
 
 
-def load_head(head_dir: str | Path, target: Any) -> MTPHead:
-    """`MTPHead.from_pretrained`: a damaged directory is an InputError that names it."""
+def load_head(head_dir: str | Path, target: Any, assistants: bool = False) -> Any:
+    """`MTPHead.from_pretrained`: a damaged directory is an InputError that names it. A Gemma 4
+    assistant folder (`Gemma4AssistantForCausalLM`, Google's or one `mtpspec train --kind
+    gemma4-assistant` wrote) is loaded as an `AssistantDrafter` where the caller drafts chains
+    with any drafter (`assistants`), and refused with the reason elsewhere."""
+    if is_assistant_dir(head_dir):
+        if not assistants:
+            raise InputError(f"{head_dir} is a Gemma 4 assistant, not an mtpspec head: it drafts chains in "
+                             "`mtpspec generate` and `mtpspec serve`; this command needs an MTP head.")
+        return load_assistant(head_dir, target)
     return MTPHead.from_pretrained(head_dir, target)
 
 

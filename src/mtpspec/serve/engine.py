@@ -474,7 +474,8 @@ def load_engine(target: str | None = None, head: str | Path | None = None, dtype
         amx_blocks = fused.amx_blocks(cfg.wants_amx_blocks())
         loaded = load_target(target, dtype, weights)
         tgt = Target(loaded.model)
-        built, k = build_drafter(resolve_head(tgt, loaded.name, head, warn=warn).head, drafter, k=num_draft_tokens)
+        built, k = build_drafter(resolve_head(tgt, loaded.name, head, warn=warn, assistants=True).head, drafter,
+                                 k=num_draft_tokens)
         return tgt, built, loaded.tokenizer, dataclasses.replace(cfg, model_name=loaded.name, num_draft_tokens=k,
                                                                  amx_blocks=amx_blocks)
 
