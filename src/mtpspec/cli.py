@@ -292,10 +292,11 @@ def train(
     data_dirs: list[Path] = typer.Option(..., "--data", "-d", help="Directory written by `mtpspec data`, or DIR:N for its first N shards "
                                      "(a kept set grows; a recipe names the shards it trained on); repeat to train on several."),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory: activations/ (activations-1/, ... for further data sets), "
-                             "checkpoint.pt, metrics.jsonl, head/ (or draft_model/)."),
+                             "checkpoint.pt, metrics.jsonl, head/ (or draft_model/, assistant/)."),
     target: str = TARGET,
-    kind: str = option(TrainConfig, "kind", help="mtp (the MTP head) or draft-model (a small standalone draft LM, the "
-                       "baseline `mtpspec bench --draft-model` runs)."),
+    kind: str = option(TrainConfig, "kind", help="mtp (the MTP head), draft-model (a small standalone draft LM, the "
+                       "baseline `mtpspec bench --draft-model` runs), or gemma4-assistant (a Gemma 4 target's drafter "
+                       "as a Gemma4AssistantForCausalLM folder, which HF and the serving engines load)."),
     max_draft_tokens: int = option(TrainConfig, "max_draft_tokens", help="Draft steps unrolled in training. The head "
                                    "drafts more at decode time (its block is shared across steps); at equal time 2 "
                                    "beat 3 and 6 by far (reports/training/train-rows/)."),
@@ -329,6 +330,9 @@ def train(
                                    "draft vocabulary are kept; the architecture flags below are then ignored)."),
     draft_model_hidden: int = option(TrainConfig, "draft_model_hidden", help="Hidden size of --kind draft-model."),
     draft_model_layers: int = option(TrainConfig, "draft_model_layers", help="Layers of --kind draft-model."),
+    assistant_hidden: int = option(TrainConfig, "assistant_hidden", help="Width of --kind gemma4-assistant."),
+    assistant_layers: int = option(TrainConfig, "assistant_layers", help="Layers of --kind gemma4-assistant (the last "
+                                   "one full attention, the others sliding)."),
     seed: int = option(TrainConfig, "seed"),
     hidden_layers: str = typer.Option(",".join(map(str, default(HeadConfig, "hidden_layers"))), "--hidden-layers",
                                       help="Comma-separated target layers the head reads."),
@@ -343,7 +347,7 @@ def train(
     max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps (time-boxing)."),
     threads: int = THREADS,
 ) -> None:
-    """Train an MTP head (or a baseline draft model) on the target's cached activations; the target stays frozen."""
+    """Train an MTP head (or a baseline draft model, or a Gemma 4 assistant) on the target's outputs; the target stays frozen."""
     from .models import auto_autocast
 
     args = locals()

@@ -195,13 +195,15 @@ class AcceptanceConfig:
 
 
 # What `mtpspec train --kind` can train.
-TRAIN_KINDS = ("mtp", "draft-model")
+TRAIN_KINDS = ("mtp", "draft-model", "gemma4-assistant")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    # What to train: "mtp" (the head) or "draft-model" (a small standalone draft LM with its
-    # own embedding and KV cache: the baseline `mtpspec bench` runs as HF assisted generation).
+    # What to train: "mtp" (the head), "draft-model" (a small standalone draft LM with its own
+    # embedding and KV cache: the baseline `mtpspec bench` runs as HF assisted generation), or
+    # "gemma4-assistant" (a Gemma 4 target's drafter in Google's assistant layout, which HF,
+    # vLLM, SGLang and llama.cpp serve: `training/assistant.py`).
     kind: str = "mtp"
     # Draft steps unrolled per position (the head's recurrence, exactly as at decode time), saved
     # as HeadConfig.trained_draft_tokens. The block is shared across steps, so a head drafts more
@@ -261,6 +263,11 @@ class TrainConfig:
     # Hidden size / layers of the draft model (kind="draft-model").
     draft_model_hidden: int = 64
     draft_model_layers: int = 2
+    # Width / layers of a Gemma 4 assistant (kind="gemma4-assistant"); its attention reads the
+    # target's store layers, so heads and head dims are the target's. Layers: sliding ones, the
+    # last full attention (HF's assistant reads both kinds of the target's keys).
+    assistant_hidden: int = 256
+    assistant_layers: int = 4
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -286,6 +293,8 @@ class TrainConfig:
             raise InputError(f"step_decay must be in (0, 1], got {self.step_decay}.")
         if self.draft_model_hidden < 1 or self.draft_model_layers < 1:
             raise InputError("draft_model_hidden and draft_model_layers must be >= 1.")
+        if self.assistant_hidden < 1 or self.assistant_layers < 1:
+            raise InputError("assistant_hidden and assistant_layers must be >= 1.")
 
     def plan(self, steps_per_epoch: int) -> tuple[int, int]:
         """(epochs, warm-up steps) of a run whose epoch is `steps_per_epoch` optimizer steps:

@@ -42,6 +42,7 @@ from ..errors import DataError, InputError
 from ..models import load_target
 from ..pretrained import load_head, load_head_config
 from .activations import Sample, Samples, build_cache, load_cache, token_frequencies
+from .assistant import ASSISTANT_DIR, AssistantObjective, new_assistant
 from .shards import DataRef
 
 CHECKPOINT = "checkpoint.pt"
@@ -469,8 +470,8 @@ def _leave_process_group() -> None:
 def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Samples], out_dir: str | Path, cfg: TrainConfig,
           head_config: HeadConfig | None = None, resume: bool = False, max_steps: int | None = None,
           progress: bool = True, init_head: str | Path | None = None) -> dict[str, Any]:
-    """Train an MTP head or a draft model (`cfg.kind`); writes checkpoints, metrics.jsonl and the
-    result (out_dir/head or out_dir/draft_model) into out_dir.
+    """Train an MTP head, a draft model or a Gemma 4 assistant (`cfg.kind`); writes checkpoints,
+    metrics.jsonl and the result (out_dir/head, out_dir/draft_model or out_dir/assistant) into out_dir.
 
     cache_dir: one activations directory or several (one per data set; each is split into
     train/held-out on its own), or `load_cache` views of them. `max_steps` stops early (as a
@@ -505,9 +506,11 @@ def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Sa
                 draft_ids = freq.topk(hc.draft_vocab_size).indices.sort().values
             head = MTPHead(target, hc, draft_ids).float()
         head.train()
-        obj: MTPObjective | DraftModelObjective = MTPObjective(head, cfg)
+        obj: MTPObjective | DraftModelObjective | AssistantObjective = MTPObjective(head, cfg)
     elif init_head is not None:
-        raise InputError("init_head continues an MTP head; it does not apply to kind 'draft-model'.")
+        raise InputError(f"init_head continues an MTP head; it does not apply to kind {cfg.kind!r}.")
+    elif cfg.kind == "gemma4-assistant":
+        obj = AssistantObjective(new_assistant(target, cfg), target, cfg)
     else:
         obj = DraftModelObjective(draft_model(target, cfg), cfg)
     module = obj.module()
@@ -608,6 +611,8 @@ def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Sa
 def _save_final(module: nn.Module, out: Path) -> None:
     if isinstance(module, MTPHead):
         module.save_pretrained(out / "head")
+    elif type(module).__name__ == "Gemma4AssistantForCausalLM":
+        module.save_pretrained(out / ASSISTANT_DIR)  # type: ignore[operator]
     else:
         module.save_pretrained(out / DRAFT_MODEL_DIR)  # type: ignore[operator]
 
