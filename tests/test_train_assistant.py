@@ -95,3 +95,27 @@ def test_an_assistant_is_trained_for_gemma_4_only():
         new_assistant(Target(tiny_model("llama")), TrainConfig(kind="gemma4-assistant"))
     with pytest.raises(InputError, match="assistant_hidden and assistant_layers"):
         TrainConfig(kind="gemma4-assistant", assistant_layers=0)
+
+
+def test_cli_trains_an_assistant_folder_that_generate_drafts_with(tmp_path):
+    """`mtpspec train --kind gemma4-assistant` on a tiny Gemma 4 directory writes RUN/assistant,
+    which `mtpspec generate --head` drafts with, output identical to plain decoding."""
+    import json
+
+    from conftest import save_tiny_model_dir
+    from typer.testing import CliRunner
+
+    from mtpspec.cli import app
+
+    model, _ = save_tiny_model_dir(tmp_path / "target", "gemma4_text")
+    write_tiny_data(model, tmp_path / "data", n=8, new=20)
+    runner = CliRunner()
+    r = runner.invoke(app, ["train", "--target", str(tmp_path / "target"), "--data", str(tmp_path / "data"), "--out",
+                            str(tmp_path / "run"), "--kind", "gemma4-assistant", "--assistant-hidden", "16",
+                            "--assistant-layers", "2", "--min-steps", "3", "--batch-size", "4", "--holdout", "0.25"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == 3
+    r = runner.invoke(app, ["generate", "--target", str(tmp_path / "target"), "--head", str(tmp_path / "run" / "assistant"),
+                            "--prompt", "w7 w8", "-n", "12", "-k", "2", "--compare", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])["plain"]["identical"]

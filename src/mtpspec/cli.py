@@ -218,7 +218,7 @@ def generate(
     if not rule.exact:
         typer.echo(f"[relaxed acceptance {rule.label}: this output is not necessarily the target's own]")
     if cmp:
-        typer.echo(f"[plain decoding: {cmp.plain_tokens_per_s:.1f} tok/s; with the head: {cmp.speedup:.2f}x; "
+        typer.echo(f"[plain decoding: {cmp.plain_tokens_per_s:.1f} tok/s; with drafts: {cmp.speedup:.2f}x; "
                    f"outputs {'identical' if cmp.identical else 'DIFFERENT'}]")
 
 
