@@ -58,7 +58,7 @@ SERVE_SWITCH_INTERVAL_S = 0.0002  # `mtpspec serve`'s GIL switch interval (see s
 
 # Options several commands share, declared once so that they read (and default) alike.
 TARGET = typer.Option(None, "--target", "-t", help="Local model dir or .gguf file [default: embedded SmolLM2-135M-Instruct].")
-HEAD = typer.Option(None, "--head", help="Saved head directory (generate and serve: a Gemma 4 assistant folder too) "
+HEAD = typer.Option(None, "--head", help="Saved head directory (generate, bench, serve: a Gemma 4 assistant folder too) "
                     "[default: the shipped head for the target, else a fresh one].")
 DTYPE = typer.Option("auto", "--dtype", help="auto (bf16 where the CPU has native bf16, else fp32), fp32 or bf16.")
 THREADS = typer.Option(0, "--threads", help="torch threads (0 = torch default).")
@@ -513,7 +513,7 @@ def bench(
     # HF's own methods run its modules op by op: on dense weights, as transformers loads them
     if (hf_torch_dtype != tgt.dtype or loaded.weights != "dense") and any(m in cfg.methods for m in ("hf", "lookup", "assisted")):
         hf_model = open_target(target, hf_torch_dtype)[0].model
-    choice = resolve_head(tgt, loaded.name, head, warn=_warn) if cfg.needs_head else None
+    choice = resolve_head(tgt, loaded.name, head, warn=_warn, assistants=True) if cfg.needs_head else None
     if draft_model is None and "draft-model" in cfg.methods:
         draft_model = shipped_draft_model_dir(loaded.name)  # None: build_methods says how to train one
     wants = "assisted" in cfg.methods or "draft-model" in cfg.methods

@@ -157,6 +157,11 @@ class AssistantDrafter:
     def update(self, drafted: int, accepted: int) -> None:
         """Nothing to roll back: the assistant keeps no state between rounds."""
 
+    def inference_bytes(self) -> int:
+        """Bytes the assistant adds beside the target: its parameters and buffers (its own LM head
+        included). It holds no KV cache."""
+        return sum(t.numel() * t.element_size() for t in [*self.assistant.parameters(), *self.assistant.buffers()])
+
 
 def load_assistant(directory: str | Path, target: Target | PreTrainedModel) -> AssistantDrafter:
     """A saved `Gemma4AssistantForCausalLM` folder, read locally (no download) in the target's

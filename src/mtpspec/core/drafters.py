@@ -415,7 +415,7 @@ class SwitchDrafter:
     drafts, lookup rounds only). Never more than the round's k. Greedy output is plain
     decoding's; sampled lookup drafts carry no q and are verified as point masses (exact)."""
 
-    def __init__(self, head: MTPHead, head_tokens: int | None = None, min_lookup: int = 2, max_ngram: int = 3,
+    def __init__(self, head: MTPHead | Drafter, head_tokens: int | None = None, min_lookup: int = 2, max_ngram: int = 3,
                  lookup_tokens: int | None = None):
         if min_lookup < 1 or max_ngram < 1 or (head_tokens is not None and head_tokens < 0) or \
                 (lookup_tokens is not None and lookup_tokens < 1):
@@ -481,7 +481,8 @@ def build_drafter(head: MTPHead | Drafter | None, kind: str = "chain", *, k: int
       "tree"   a tree of at most k nodes from the head, shaped by `tree`
       "hybrid" that tree with a prompt-lookup branch of up to `lookup_tokens` merged in
       "switch" each round the prompt-lookup continuation of up to k tokens when the text repeats,
-               else the head's chain of `head_k`; the round's k is the longer of the two
+               else the head's chain of `head_k`; the round's k is the longer of the two (`head`
+               may be any chain Drafter, e.g. a Gemma 4 assistant)
       "lookup" prompt lookup alone, up to k tokens (no head)
     Defaults, declared here once: k None is the head's own k (`default_k`) for a chain,
     TREE_NODES for a tree or hybrid, SWITCH_TOKENS for a lookup; `head_k` None is the head's own
@@ -491,17 +492,18 @@ def build_drafter(head: MTPHead | Drafter | None, kind: str = "chain", *, k: int
         raise InputError(f"Unknown drafter {kind!r}; choose from {', '.join(DRAFTER_KINDS)}.")
     if kind == "lookup":
         return LookupDrafter(), SWITCH_TOKENS if k is None else k
+    if kind in ("chain", "switch") and head is not None and not isinstance(head, Drafter):
+        raise InputError(f"{type(head).__name__} is not a Drafter: it needs `hidden_layers`, `propose()` and "
+                         "`update()` (see mtpspec.core.draft.Drafter).")
     if kind == "chain":
         if head is None:
             return None, 0 if k is None else k
-        if not isinstance(head, Drafter):
-            raise InputError(f"{type(head).__name__} is not a Drafter: it needs `hidden_layers`, `propose()` and "
-                             "`update()` (see mtpspec.core.draft.Drafter).")
         return head, default_k(head) if k is None else k
-    if not isinstance(head, MTPHead):
+    if not isinstance(head, MTPHead) and (kind != "switch" or head is None):
         raise InputError(f"A {kind} drafter is built from an MTPHead; pass the head as the drafter, not "
-                         f"{type(head).__name__}.")
-    if kind == "switch":
+                         f"{type(head).__name__}." + (" A Gemma 4 assistant drafts chains, and switch rounds." if
+                                                      type(head).__name__ == "AssistantDrafter" else ""))
+    if kind == "switch":  # any chain drafter: an MTP head, a Gemma 4 assistant
         chain = default_k(head) if head_k is None else head_k
         longest = SWITCH_TOKENS if k is None else k
         return SwitchDrafter(head, head_tokens=chain, lookup_tokens=longest), max(longest, chain)
