@@ -103,3 +103,35 @@ def test_measure_costs_sets_the_forward_beside_its_bandwidth_limit():
     assert measure_costs(target, MTPHead.for_target(model), max_n=1, context=8, reps=1).memory is None
     with pytest.raises(InputError, match="--bandwidth-mib must be >= 0"):
         measure_costs(target, MTPHead.for_target(model), max_n=1, context=8, reps=1, bandwidth_bytes=-1)
+
+
+def test_a_gguf_targets_trees_are_priced_by_this_machines_costs_measured_once(tmp_path, monkeypatch):
+    """On a GGUF file's blocks a verify row costs what dequantizing costs, which differs per CPU:
+    the cost-shaped tree takes this machine's measured prices there (measured once, then read
+    from the cache folder), and the constants elsewhere."""
+    from test_quant_target import quantized_pair
+
+    from mtpspec.core import fused
+    from mtpspec.core.drafters import FUSED_COSTS, RoundCosts, build_drafter, head_round_costs
+    from mtpspec.measure import costs as costs_mod
+
+    if fused.reason(torch.bfloat16) is not None:
+        pytest.skip(f"no fused bf16 forward here: {fused.reason(torch.bfloat16)}")
+    monkeypatch.setenv("MTPSPEC_CACHE", str(tmp_path))
+    dense, quantized = quantized_pair(3, torch.bfloat16)  # Q4_1
+    assert head_round_costs(MTPHead.for_target(dense)) is None  # dense weights: the constants
+    head = MTPHead.for_target(quantized)
+    assert head.target.engine == "fused" and head.target.quantized
+    measured = head_round_costs(head)
+    assert isinstance(measured, RoundCosts) and measured != FUSED_COSTS and measured.row > 0
+    assert len(list(tmp_path.glob("round-costs-*.json"))) == 1
+
+    def no_measuring(*a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(costs_mod, "measure_costs", no_measuring)
+    assert head_round_costs(head) == measured  # read back, not measured again
+    tree, _ = build_drafter(head, "tree")
+    assert tree.config.costs == measured
+    hybrid, _ = build_drafter(head, "hybrid")
+    assert hybrid.tree.config.costs == measured

@@ -582,7 +582,7 @@ def acceptance(
     threads: int = THREADS,
 ) -> None:
     """Measure the head's acceptance per category, k and temperature (no timing)."""
-    from .core.drafters import tree_config
+    from .core.drafters import head_round_costs, tree_config
     from .core.kernels import R_MAX
     from .measure.acceptance import markdown
     from .models import chat_ids
@@ -611,7 +611,8 @@ def acceptance(
     else:
         inputs = [chat_ids(loaded.tokenizer, p.text) for p in plist]
     rows = measure_acceptance(tgt, mtp, plist, inputs, k_list, t_list, max_new_tokens, top_p, seed,
-                              tree=tree_config(tree_shape, tgt.engine, floor=tree_floor) if tree else None)
+                              tree=tree_config(tree_shape, tgt.engine, floor=tree_floor, costs=head_round_costs(mtp))
+                              if tree else None)
     typer.echo(markdown(rows))
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -127,24 +127,43 @@ HYBRID_LOOKUP = 6
 FUSED_COSTS = RoundCosts(row=0.03, plane=0.0, step=0.1)
 
 
-def tree_shape(engine: str, max_depth: int | None = TREE_SHAPE.max_depth) -> TreeConfig:
-    """The cost-shaped tree for a target whose `Target.engine` is `engine`: priced for the fused
-    forward there, else for the op-by-op one (`RoundCosts` defaults)."""
-    return TreeConfig(max_depth=max_depth, costs=FUSED_COSTS if engine == "fused" else TREE_SHAPE.costs)
+def tree_shape(engine: str, max_depth: int | None = TREE_SHAPE.max_depth, costs: RoundCosts | None = None) -> TreeConfig:
+    """The cost-shaped tree for a target whose `Target.engine` is `engine`: priced by `costs` where
+    given (this machine's, `head_round_costs`), else for the fused forward there, else for the
+    op-by-op one (`RoundCosts` defaults)."""
+    if costs is None:
+        costs = FUSED_COSTS if engine == "fused" else TREE_SHAPE.costs
+    return TreeConfig(max_depth=max_depth, costs=costs)
+
+
+def head_round_costs(head: Any) -> RoundCosts | None:
+    """This machine's measured prices (`measure.costs.machine_round_costs`, measured once and
+    cached) where `head`'s target runs the fused forward on a GGUF file's blocks: a verify row
+    costs there what dequantizing its weights costs, 0.03 of a one-token forward in FUSED_COSTS
+    (dense weights) but 0.19 on the 2-core Xeon, where trees priced by FUSED_COSTS ran at 0.99x
+    k0 and trees priced by the measured costs at 1.19x (reports/drafting/tree-prices-gguf/).
+    None elsewhere: the constants hold there."""
+    target = getattr(head, "target", None)
+    if not isinstance(head, MTPHead) or target is None or target.engine != "fused" or not target.quantized:
+        return None
+    from ..measure.costs import machine_round_costs
+
+    return machine_round_costs(head)
 
 
 TREE_SHAPES = ("cost", "fixed")
 
 
 def tree_config(shape: str, engine: str, max_depth: int | None = TREE_SHAPE.max_depth,
-                floor: float = FIXED_TREE.min_branch_prob) -> TreeConfig:
+                floor: float = FIXED_TREE.min_branch_prob, costs: RoundCosts | None = None) -> TreeConfig:
     """The tree a `--tree-shape` names: "cost" (`tree_shape`: each round shaped by the costs of
     `engine` and the head's confidence) or "fixed" (the N best nodes; a node off the head's
-    greedy spine only if its cumulative draft probability reaches `floor`)."""
+    greedy spine only if its cumulative draft probability reaches `floor`). `costs`: this
+    machine's prices for the cost-shaped tree (`head_round_costs`), else the constants."""
     if shape not in TREE_SHAPES:
         raise InputError(f"--tree-shape must be one of {', '.join(TREE_SHAPES)}, got {shape!r}.")
     if shape == "cost":
-        return tree_shape(engine, max_depth)
+        return tree_shape(engine, max_depth, costs)
     return TreeConfig(max_depth=max_depth, min_branch_prob=floor)
 
 
@@ -507,7 +526,7 @@ def build_drafter(head: MTPHead | Drafter | None, kind: str = "chain", *, k: int
         chain = default_k(head) if head_k is None else head_k
         longest = SWITCH_TOKENS if k is None else k
         return SwitchDrafter(head, head_tokens=chain, lookup_tokens=longest), max(longest, chain)
-    shape = tree if tree is not None else tree_shape(head.target.engine)
+    shape = tree if tree is not None else tree_shape(head.target.engine, costs=head_round_costs(head))
     nodes = TREE_NODES if k is None else k
     if kind == "tree":
         return TreeDrafter(head, shape), nodes

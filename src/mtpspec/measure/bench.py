@@ -50,8 +50,10 @@ from ..core.drafters import (
     SWITCH_TOKENS,
     TREE_NODES,
     TREE_SHAPE,
+    RoundCosts,
     TreeConfig,
     build_drafter,
+    head_round_costs,
     tree_config,
 )
 from ..core.stats import DecodeStats
@@ -149,9 +151,10 @@ class BenchConfig:
         if len(set(rules)) != len(rules):
             raise InputError(f"--acceptance names a rule twice: {'; '.join(self.acceptance)}.")
 
-    def tree_config(self, engine: str) -> TreeConfig:
-        """The trees of mtp-tree and hybrid for a target running `engine` (`Target.engine`)."""
-        return tree_config(self.tree_shape, engine, self.tree_depth, self.tree_floor)
+    def tree_config(self, engine: str, costs: RoundCosts | None = None) -> TreeConfig:
+        """The trees of mtp-tree and hybrid for a target running `engine` (`Target.engine`), a
+        cost-shaped one priced by `costs` where given (`drafters.head_round_costs`)."""
+        return tree_config(self.tree_shape, engine, self.tree_depth, self.tree_floor, costs)
 
     @property
     def needs_head(self) -> bool:
@@ -322,7 +325,8 @@ def build_methods(cfg: BenchConfig, model: Any, head: Any = None, draft_model: A
             methods.append(mtpspec_method("mtp", target, head, k, cfg.max_new_tokens))
         elif name in ("mtp-tree", "hybrid"):
             drafter, n = build_drafter(head, name.removeprefix("mtp-"), k=cfg.tree_nodes,
-                                       tree=cfg.tree_config(target.engine), lookup_tokens=cfg.hybrid_lookup)
+                                       tree=cfg.tree_config(target.engine, head_round_costs(head)),
+                                       lookup_tokens=cfg.hybrid_lookup)
             methods.append(mtpspec_method(name, target, head, n, cfg.max_new_tokens, drafter))
         elif name == RELAXED:
             methods += [mtpspec_method(m, target, head, k, cfg.max_new_tokens, acceptance=a) for m, a in cfg.relaxed_methods()]

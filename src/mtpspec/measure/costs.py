@@ -12,11 +12,12 @@ limit: the bytes of weights a forward reads over this machine's memory bandwidth
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -116,6 +117,37 @@ def measure_costs(target: Target, head: MTPHead, max_n: int = 9, context: int = 
                              bandwidth=measure_bandwidth(bandwidth_bytes), forward_s=verify[1])
     return Costs(context=context, verify_s=verify, draft_step_s=step, dtype=str(target.dtype).removeprefix("torch."),
                  draft_vocab=vocab, tree_verify_s=tree_s, tree_step_s=tree_step, memory=memory)
+
+
+def machine_round_costs(head: MTPHead, reps: int = 9) -> RoundCosts:
+    """The cost-shaped tree's prices for `head` and its target on this machine (`Costs.round_costs`:
+    a verify row, a branch's plane, a draft step, as fractions of a one-token forward), measured
+    once and kept in the cache folder (`MTPSPEC_CACHE`), keyed by the CPU, torch, threads, dtype,
+    the fused kernels' AMX setting, the target and the head. Where the target computes on a GGUF
+    file's blocks, a verify row costs what dequantizing its weights costs, which differs from
+    CPU to CPU (0.19 of a one-token forward on a 2-core Xeon, about 0.08 on an EPYC Zen 4), so
+    no constant prices both (reports/drafting/tree-prices-gguf/)."""
+    from ..core import fused, native
+
+    target = head.target
+    ident = {"cpu": native.cpuinfo("model name"), "torch": torch.__version__, "threads": torch.get_num_threads(),
+             "dtype": str(target.dtype), "amx": fused.uses_amx(), "engine": target.engine,
+             "quantized": target.quantized, "target": target.identity().__dict__,
+             "head": {**head.config.to_dict(), "draft_vocab": int(head.draft_ids.numel()) if head.draft_ids is not None else 0}}
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    path = native.cache_dir() / f"round-costs-{key}.json"
+    try:
+        return RoundCosts(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass  # not measured yet here, or a stale or damaged file: measure
+    costs = measure_costs(target, head, max_n=TREE_SPINE + TREE_BRANCHES + 1, reps=reps).round_costs()
+    assert costs is not None  # max_n covers the timed tree
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(costs)) + "\n")
+    except OSError:
+        pass  # a read-only home: measure again next time
+    return costs
 
 
 def expected_tokens(position_acceptance: list[float], k: int) -> float:
