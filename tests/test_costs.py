@@ -3,6 +3,7 @@ bandwidth and the bytes a forward reads, the limit set beside it."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -112,7 +113,7 @@ def test_a_gguf_targets_trees_are_priced_by_this_machines_costs_measured_once(tm
     from test_quant_target import quantized_pair
 
     from mtpspec.core import fused
-    from mtpspec.core.drafters import FUSED_COSTS, RoundCosts, build_drafter, head_round_costs
+    from mtpspec.core.drafters import RoundCosts, build_drafter, head_round_costs
     from mtpspec.measure import costs as costs_mod
 
     if fused.reason(torch.bfloat16) is not None:
@@ -122,9 +123,10 @@ def test_a_gguf_targets_trees_are_priced_by_this_machines_costs_measured_once(tm
     assert head_round_costs(MTPHead.for_target(dense)) is None  # dense weights: the constants
     head = MTPHead.for_target(quantized)
     assert head.target.engine == "fused" and head.target.quantized
-    measured = head_round_costs(head)
-    assert isinstance(measured, RoundCosts) and measured != FUSED_COSTS and measured.row > 0
-    assert len(list(tmp_path.glob("round-costs-*.json"))) == 1
+    measured = head_round_costs(head)  # its values are timings of this tiny model: only their form is checked
+    assert isinstance(measured, RoundCosts) and min(measured.row, measured.plane, measured.step) >= 0
+    files = list(tmp_path.glob("round-costs-*.json"))
+    assert len(files) == 1 and RoundCosts(**json.loads(files[0].read_text())) == measured
 
     def no_measuring(*a, **k):
         raise AssertionError("measured again")
