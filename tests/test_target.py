@@ -366,20 +366,26 @@ def test_gemma4_mixture_of_experts_is_refused_with_the_reason():
         mtpspec.Target(model)
 
 
-@pytest.mark.parametrize("family", ["gemma4_text", "gemma4_text_e"])
-def test_a_multimodal_gemma4_checkpoint_runs_its_text_decoder(family):
-    """Google ships Gemma 4 as `Gemma4ForConditionalGeneration` (text, vision, audio). mtpspec runs
-    its text decoder by reference (`TextOnly`: nothing copied or changed) and equals HF's greedy
-    text of the whole multimodal model, with and without drafts."""
-    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+@pytest.mark.parametrize("family", ["gemma3_text", "gemma4_text", "gemma4_text_e"])
+def test_a_multimodal_gemma_checkpoint_runs_its_text_decoder(family):
+    """Google ships Gemma 3 and 4 as `...ForConditionalGeneration` (text and vision; audio too in
+    Gemma 4). mtpspec runs the text decoder by reference (`TextOnly`: nothing copied or changed)
+    and equals HF's greedy text of the whole multimodal model, with and without drafts."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma4Config, Gemma4ForConditionalGeneration
 
     text = quirky_model(family)
-    mm = Gemma4ForConditionalGeneration(Gemma4Config(text_config=text.config.to_dict(), vision_config=None,
-                                                     audio_config=None, tie_word_embeddings=False)).eval()
+    if family == "gemma3_text":
+        tiny_vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=16, patch_size=8)
+        mm = Gemma3ForConditionalGeneration(Gemma3Config(text_config=text.config.to_dict(), vision_config=tiny_vision,
+                                                         mm_tokens_per_image=4, tie_word_embeddings=False)).eval()
+    else:
+        mm = Gemma4ForConditionalGeneration(Gemma4Config(text_config=text.config.to_dict(), vision_config=None,
+                                                         audio_config=None, tie_word_embeddings=False)).eval()
     mm.model.language_model.load_state_dict(text.model.state_dict())
     mm.lm_head.load_state_dict(text.lm_head.state_dict())
     t = mtpspec.Target(mm)
-    assert t.hf_model is mm and t.model.model is mm.model.language_model and t.model_type == "gemma4_text"
+    assert t.hf_model is mm and t.model.model is mm.model.language_model and t.model_type == family.removesuffix("_e")
     ids = torch.randint(4, 97, (1, 15), generator=torch.Generator().manual_seed(3))
     ref = hf_greedy(mm, ids, 20, eos=[])
     assert torch.equal(ref, hf_greedy(text, ids, 20, eos=[]))
