@@ -228,9 +228,5 @@ def choose_plan(dtype: torch.dtype, linear_shapes: dict[tuple[int, int], int], h
         row_invariant=bool(good_lin and good_att),
     )
     if use_cache:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(asdict(plan)) + "\n")
-        except OSError:
-            pass  # a read-only home: measure again next time
+        native.save_measured(path, asdict(plan))
     return plan

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -39,6 +40,16 @@ DTYPES = (torch.float32, torch.bfloat16)
 def cache_dir() -> Path:
     """Where mtpspec keeps what it measured or built for this machine (kernel plans, this library)."""
     return Path(os.environ.get("MTPSPEC_CACHE", Path.home() / ".cache" / "mtpspec"))
+
+
+def save_measured(path: Path, values: dict) -> None:
+    """Keep what was measured for this machine (a JSON object) in `path` under `cache_dir()`; a
+    read-only home only means measuring again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values) + "\n")
+    except OSError:
+        pass
 
 
 def cpuinfo(field: str) -> str:

@@ -142,11 +142,7 @@ def machine_round_costs(head: MTPHead, reps: int = 9) -> RoundCosts:
         pass  # not measured yet here, or a stale or damaged file: measure
     costs = measure_costs(target, head, max_n=TREE_SPINE + TREE_BRANCHES + 1, reps=reps).round_costs()
     assert costs is not None  # max_n covers the timed tree
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(costs)) + "\n")
-    except OSError:
-        pass  # a read-only home: measure again next time
+    native.save_measured(path, asdict(costs))
     return costs
 
 
