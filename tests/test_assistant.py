@@ -349,3 +349,7 @@ def test_bench_and_switch_run_a_gemma4_assistant_exactly(tmp_path):
     assert res["memory"]["mtp"]["param_bytes"] == loaded.inference_bytes() > 0
     with pytest.raises(InputError, match="assistant drafts chains"):
         build_drafter(load_assistant(tmp_path / "assistant", model), "tree")
+    r = CliRunner().invoke(app, ["acceptance", "--target", str(tmp_path / "target"), "--head", str(tmp_path / "assistant"),
+                                 "--prompts", str(tmp_path / "p.jsonl"), "-k", "1,2", "-n", "8", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    assert "k=1" in r.output and "k=2" in r.output

@@ -58,7 +58,7 @@ SERVE_SWITCH_INTERVAL_S = 0.0002  # `mtpspec serve`'s GIL switch interval (see s
 
 # Options several commands share, declared once so that they read (and default) alike.
 TARGET = typer.Option(None, "--target", "-t", help="Local model dir or .gguf file [default: embedded SmolLM2-135M-Instruct].")
-HEAD = typer.Option(None, "--head", help="Saved head directory (generate, bench, serve: a Gemma 4 assistant folder too) "
+HEAD = typer.Option(None, "--head", help="Saved head directory (generate, bench, serve, acceptance: a Gemma 4 assistant folder too) "
                     "[default: the shipped head for the target, else a fresh one].")
 DTYPE = typer.Option("auto", "--dtype", help="auto (bf16 where the CPU has native bf16, else fp32), fp32 or bf16.")
 THREADS = typer.Option(0, "--threads", help="torch threads (0 = torch default).")
@@ -605,7 +605,7 @@ def acceptance(
         read_manifest(prompts)  # not a data set: say so before loading the model
     plist = [] if from_data else load_prompts(prompts, limit)
     loaded, tgt = open_target(target, dtype, weights)
-    mtp = resolve_head(tgt, loaded.name, head, warn=_warn).head
+    mtp = resolve_head(tgt, loaded.name, head, warn=_warn, assistants=True).head
     if from_data:
         plist, inputs = data_prompts(prompts, loaded.tokenizer, dataclasses.asdict(tgt.identity()), limit)
     else:
