@@ -319,10 +319,11 @@ def test_cli_generate_with_an_assistant_folder_equals_plain_decoding(tmp_path):
         load_head(tmp_path / "assistant", model)
 
 
-def test_bench_and_switch_run_a_gemma4_assistant_exactly(tmp_path):
-    """`mtpspec bench --head ASSISTANT_DIR --methods k0,mtp,switch`: the assistant drafts the mtp
-    chains and the switch's non-lookup rounds, every output equals k0's, its memory is its own
-    weights; a tree from it is refused with the reason."""
+def test_bench_switch_and_hybrid_run_a_gemma4_assistant_exactly(tmp_path):
+    """`mtpspec bench --head ASSISTANT_DIR --methods k0,mtp,switch,hybrid`: the assistant drafts the
+    mtp chains, the switch's non-lookup rounds and the hybrid's chain beside the lookup branch,
+    every output equals k0's, its memory is its own weights; a tree from it is refused with the
+    reason; `acceptance` counts its chains."""
     import json
 
     from conftest import save_tiny_model_dir
@@ -338,12 +339,13 @@ def test_bench_and_switch_run_a_gemma4_assistant_exactly(tmp_path):
     assistant.save_pretrained(tmp_path / "assistant")
     out = tmp_path / "report"
     r = CliRunner().invoke(app, ["bench", "--target", str(tmp_path / "target"), "--head", str(tmp_path / "assistant"),
-                                 "--methods", "k0,mtp,switch", "--prompts", str(write_prompts(tmp_path / "p.jsonl")),
+                                 "--methods", "k0,mtp,switch,hybrid", "--prompts", str(write_prompts(tmp_path / "p.jsonl")),
                                  "--max-new-tokens", "12", "-k", "3", "--threads", "1", "--no-progress", "--out", str(out)])
     assert r.exit_code == 0, r.output
     res = json.loads((out / "results.json").read_text())
     overall = {s["method"]: s for s in res["summaries"] if s["category"] == "all"}
-    assert overall["mtp"]["identical_k0"] == overall["switch"]["identical_k0"] == len(PROMPTS)
+    assert overall["mtp"]["identical_k0"] == overall["switch"]["identical_k0"] == overall["hybrid"]["identical_k0"] \
+        == len(PROMPTS)
     dtype = getattr(torch, res["info"]["dtype"])  # the bench's (auto: bf16 where the CPU has it)
     loaded = load_assistant(tmp_path / "assistant", model.to(dtype))
     assert res["memory"]["mtp"]["param_bytes"] == loaded.inference_bytes() > 0

@@ -313,12 +313,12 @@ def test_the_factory_refuses_what_it_cannot_build():
     head = mtpspec.MTPHead.for_target(model)
     with pytest.raises(mtpspec.InputError, match="Unknown drafter 'medusa'"):
         build_drafter(head, "medusa")
-    for kind in ("tree", "hybrid"):  # trees come from the head's distributions
+    with pytest.raises(mtpspec.InputError, match="MTPHead"):  # trees come from the head's distributions
+        build_drafter(LookupDrafter(), "tree")
+    for kind in ("tree", "hybrid", "switch"):
         with pytest.raises(mtpspec.InputError, match="MTPHead"):
-            build_drafter(LookupDrafter(), kind)
-    with pytest.raises(mtpspec.InputError, match="MTPHead"):
-        build_drafter(None, "switch")
-    for kind in ("chain", "switch"):  # any chain drafter (a Gemma 4 assistant too), but a drafter
+            build_drafter(None, kind)
+    for kind in ("chain", "tree", "hybrid", "switch"):  # any chain drafter (a Gemma 4 assistant too), but a drafter
         with pytest.raises(mtpspec.InputError, match="is not a Drafter"):
             build_drafter(object(), kind)
 

@@ -380,14 +380,36 @@ class LookupDrafter:
         return Draft(tokens=torch.tensor(cont, dtype=torch.long))
 
 
+class ChainNodes:
+    """Any chain drafter's greedy chain as tree nodes (`HybridDrafter` merges them with the
+    lookup branch): for drafters that propose chains only, such as a Gemma 4 assistant. The
+    nodes are proposed greedily whatever the sampling, so they are verified as point masses."""
+
+    def __init__(self, drafter: Drafter):
+        self.drafter = drafter
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        return self.drafter.hidden_layers
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.drafter.update(drafted, accepted)
+
+    def nodes(self, inp: DraftInput, k: int) -> list[_Node]:
+        chain = self.drafter.propose(inp, k, SamplingConfig(), None).tokens.tolist() if k > 0 else []
+        return [_Node(int(t), i - 1, 0.0) for i, t in enumerate(chain)]
+
+
 class HybridDrafter:
-    """The head's tree with a prompt-lookup branch merged in, N nodes in all, one verify pass.
+    """The head's tree (or another drafter's chain, `ChainNodes`) with a prompt-lookup branch
+    merged in, N nodes in all, one verify pass.
 
     The lookup branch goes in first (up to `lookup_tokens` nodes), then the head's nodes best
     first; a node that repeats an existing (parent, token) pair is merged, not duplicated."""
 
-    def __init__(self, head: MTPHead, config: TreeConfig | None = None, lookup_tokens: int = 4, max_ngram: int = 3):
-        self.tree = TreeDrafter(head, config)
+    def __init__(self, head: MTPHead | Drafter, config: TreeConfig | None = None, lookup_tokens: int = 4,
+                 max_ngram: int = 3):
+        self.tree: TreeDrafter | ChainNodes = TreeDrafter(head, config) if isinstance(head, MTPHead) else ChainNodes(head)
         self.lookup_tokens = lookup_tokens
         self.max_ngram = max_ngram
         self.last_branch = 0  # lookup nodes in the last draft (for per-round reporting)
@@ -498,7 +520,8 @@ def build_drafter(head: MTPHead | Drafter | None, kind: str = "chain", *, k: int
     kind:
       "chain"  the head's own chain of k (`head` may be any Drafter; None = plain decoding)
       "tree"   a tree of at most k nodes from the head, shaped by `tree`
-      "hybrid" that tree with a prompt-lookup branch of up to `lookup_tokens` merged in
+      "hybrid" that tree with a prompt-lookup branch of up to `lookup_tokens` merged in (from a
+               chain Drafter that is not an MTP head, e.g. a Gemma 4 assistant: its greedy chain)
       "switch" each round the prompt-lookup continuation of up to k tokens when the text repeats,
                else the head's chain of `head_k`; the round's k is the longer of the two (`head`
                may be any chain Drafter, e.g. a Gemma 4 assistant)
@@ -511,23 +534,26 @@ def build_drafter(head: MTPHead | Drafter | None, kind: str = "chain", *, k: int
         raise InputError(f"Unknown drafter {kind!r}; choose from {', '.join(DRAFTER_KINDS)}.")
     if kind == "lookup":
         return LookupDrafter(), SWITCH_TOKENS if k is None else k
-    if kind in ("chain", "switch") and head is not None and not isinstance(head, Drafter):
+    if head is not None and not isinstance(head, Drafter):
         raise InputError(f"{type(head).__name__} is not a Drafter: it needs `hidden_layers`, `propose()` and "
                          "`update()` (see mtpspec.core.draft.Drafter).")
     if kind == "chain":
         if head is None:
             return None, 0 if k is None else k
         return head, default_k(head) if k is None else k
-    if not isinstance(head, MTPHead) and (kind != "switch" or head is None):
+    if not isinstance(head, MTPHead) and (kind == "tree" or head is None):
         raise InputError(f"A {kind} drafter is built from an MTPHead; pass the head as the drafter, not "
-                         f"{type(head).__name__}." + (" A Gemma 4 assistant drafts chains, and switch rounds." if
-                                                      type(head).__name__ == "AssistantDrafter" else ""))
+                         f"{type(head).__name__}." + (" A Gemma 4 assistant drafts chains, and switch and hybrid "
+                                                      "rounds." if type(head).__name__ == "AssistantDrafter" else ""))
     if kind == "switch":  # any chain drafter: an MTP head, a Gemma 4 assistant
         chain = default_k(head) if head_k is None else head_k
         longest = SWITCH_TOKENS if k is None else k
         return SwitchDrafter(head, head_tokens=chain, lookup_tokens=longest), max(longest, chain)
-    shape = tree if tree is not None else tree_shape(head.target.engine, costs=head_round_costs(head))
     nodes = TREE_NODES if k is None else k
+    lookup_n = HYBRID_LOOKUP if lookup_tokens is None else lookup_tokens
+    if not isinstance(head, MTPHead):  # hybrid: another drafter's greedy chain beside the lookup branch
+        return HybridDrafter(head, lookup_tokens=lookup_n), nodes  # type: ignore[arg-type]
+    shape = tree if tree is not None else tree_shape(head.target.engine, costs=head_round_costs(head))
     if kind == "tree":
         return TreeDrafter(head, shape), nodes
-    return HybridDrafter(head, shape, lookup_tokens=HYBRID_LOOKUP if lookup_tokens is None else lookup_tokens), nodes
+    return HybridDrafter(head, shape, lookup_tokens=lookup_n), nodes
