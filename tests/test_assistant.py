@@ -355,3 +355,38 @@ def test_bench_switch_and_hybrid_run_a_gemma4_assistant_exactly(tmp_path):
                                  "--prompts", str(tmp_path / "p.jsonl"), "-k", "1,2", "-n", "8", "--threads", "1"])
     assert r.exit_code == 0, r.output
     assert "k=1" in r.output and "k=2" in r.output
+
+
+def test_a_server_drafts_with_an_assistant_and_replies_as_plain_decoding(tmp_path):
+    """`mtpspec serve --head ASSISTANT_DIR` (the batching engine, several requests at once): each
+    reply is that request's plain decoding."""
+    import asyncio
+
+    from conftest import save_tiny_model_dir
+
+    from mtpspec.models import chat_ids
+    from mtpspec.serve import load_engine
+    from mtpspec.serve.engine import DecodeRequest
+
+    model, tok = save_tiny_model_dir(tmp_path / "target", "gemma4_text")
+    gemma4_assistant(model).save_pretrained(tmp_path / "assistant")
+    engine = load_engine(str(tmp_path / "target"), tmp_path / "assistant", "fp32", 3, max_running=4)
+    prompts = [chat_ids(tok, p) for p in ("w7 w8 w9", "w10 w11", "w12 w13 w14 w15")]
+    plain = [mtpspec.generate(engine.target, None, ids, max_new_tokens=16, num_draft_tokens=0).sequences[0, ids.shape[1]:]
+             .tolist() for ids in prompts]
+
+    async def run() -> list[list[int]]:
+        jobs = [engine.submit(DecodeRequest(ids, 16, SamplingConfig())) for ids in prompts]
+        outs = []
+        for job in jobs:
+            out = []
+            while (c := await job.next(30)) is not None:
+                out += c.token_ids
+            outs.append(out)
+        return outs
+
+    try:
+        assert isinstance(engine.drafter, AssistantDrafter) and engine.config.num_draft_tokens == 3
+        assert asyncio.run(run()) == plain
+    finally:
+        engine.close()
