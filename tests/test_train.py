@@ -616,3 +616,42 @@ def test_a_run_whose_acceptance_stays_near_1_says_what_to_change(tiny_run, tmp_p
     # a good run, or one with nothing held out, gets none
     assert train_mod.low_acceptance_advice({"accept_rounds": 1.5}, TrainConfig(), 400, 400, 400, 17, 20) is None
     assert train_mod.low_acceptance_advice({}, TrainConfig(), 400, 400, 400, 17, 20) is None
+
+
+def test_online_activations_equal_the_cache_and_train_the_same_head(tiny_run, tmp_path):
+    """`--online`: each sample's activations computed when read equal the cached ones bit for bit,
+    so a run trains the same head as a run on the cache, with nothing written but the run."""
+    from mtpspec.training.activations import online_samples
+
+    model, root = tiny_run
+    cached = load_cache(root / "act")
+    online = online_samples(Target(model), root / "data", (-1,), -1, teacher_topk=8)
+    assert len(online) == len(cached)
+    for i in (0, 7, len(cached) - 1):
+        a, b = cached[i], online[i]
+        for name in ("ids", "hidden", "keys", "values", "top_logp", "top_ids"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), (i, name)
+        assert a.prompt_len == b.prompt_len
+    assert [t.tolist() for t, _ in online.tokens()] == [t.tolist() for t, _ in cached.tokens()]
+    cfg = TrainConfig(epochs=1, **FAST)
+    train(Target(model), root / "act", tmp_path / "cached", cfg, progress=False, max_steps=3)
+    train(Target(model), online, tmp_path / "online", cfg, progress=False, max_steps=3)
+    a, b = (torch.load(tmp_path / d / "checkpoint.pt", weights_only=False)["model"] for d in ("cached", "online"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not list((tmp_path / "online").glob("act*"))
+
+
+def test_mtpspec_train_online_writes_no_activation_cache(tmp_path):
+    from conftest import save_tiny_model_dir
+    from typer.testing import CliRunner
+
+    from mtpspec.cli import app
+
+    model, _ = save_tiny_model_dir(tmp_path / "model")
+    write_tiny_data(model, tmp_path / "data", n=8, new=20)
+    r = CliRunner().invoke(app, ["train", "--target", str(tmp_path / "model"), "--data", str(tmp_path / "data"), "--out",
+                                 str(tmp_path / "run"), "--online", "--min-steps", "2", "--batch-size", "4",
+                                 "--no-bf16", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "run" / "head" / "mtp_head.safetensors").is_file()
+    assert not list((tmp_path / "run").glob("activations*"))

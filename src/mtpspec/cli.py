@@ -345,6 +345,9 @@ def train(
                               "auto = bf16 where the CPU has native bf16 matmuls, else fp32."),
     resume: bool = typer.Option(False, "--resume", help="Continue from out/checkpoint.pt."),
     max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps (time-boxing)."),
+    online: bool = typer.Option(False, "--online", help="No activation cache on disk (~2 KB per token): the target "
+                                "computes each sample's activations when training reads it, the same values, one "
+                                "forward per sample per epoch."),
     threads: int = THREADS,
 ) -> None:
     """Train an MTP head (or a baseline draft model, or a Gemma 4 assistant) on the target's outputs; the target stays frozen."""
@@ -356,7 +359,7 @@ def train(
     cfg = config_from(TrainConfig, args, bf16=auto_autocast() if bf16 is None else bf16)
     hc = config_from(HeadConfig, args, hidden_layers=tuple(parse_list(hidden_layers, int, "--hidden-layers")))
     r = train_on_data(data_dirs, out, cfg, hc, target, teacher_topk=teacher_topk, cache_dtype=cache_dtype, resume=resume,
-                      max_steps=max_steps, init_head=init_head)
+                      max_steps=max_steps, init_head=init_head, online=online)
     if r is not None:  # rank 0 reports for all
         typer.echo(json.dumps(r))
 

@@ -11,6 +11,11 @@ Training streams from these shards instead of holding them in memory (~2 KB per 
 tokens would be ~10 GB): `load_cache` returns a `Samples` view whose items are read from the
 memory-mapped shard files when indexed, so RAM holds a batch at a time and the OS page cache
 keeps whatever fits.
+
+Where the cache would not fit the disk (20M tokens: ~40 GB), `online_samples` gives the same
+view with nothing stored: each item is computed by the target when it is read, exactly as
+`build_cache` computes and rounds it, so training on it takes the same steps as training on the
+cache, at the price of one target forward per sample per epoch.
 """
 
 from __future__ import annotations
@@ -83,27 +88,34 @@ def build_cache(target: Target, data: str | Path | DataRef, cache_dir: str | Pat
     for s in range(done, n_shards):
         tensors: dict[str, torch.Tensor] = {}
         for i, (ids, pl) in enumerate(samples[s * per_shard:(s + 1) * per_shard]):
-            ids = ids[:max_len]
-            cache = target.new_cache()
-            step = target.forward(ids[None].to(target.device), cache, hidden_layers)
-            keys, values = cache.layer(kv)  # (1, Hk, T, hd)
-            logp = step.logits[0].log_softmax(-1)  # (T, V)
-            top = logp.topk(teacher_topk, dim=-1)
-            tensors.update({
-                f"{i}.ids": ids.int(),
-                f"{i}.prompt_len": torch.tensor([pl], dtype=torch.int32),
-                f"{i}.hidden": step.hidden[0].to(torch.bfloat16).contiguous(),
-                f"{i}.keys": keys[0].to(torch.bfloat16).contiguous(),  # a view of the cache's first T slots
-                f"{i}.values": values[0].to(torch.bfloat16).contiguous(),
-                f"{i}.top_logp": top.values.to(torch.float16),
-                f"{i}.top_ids": top.indices.int(),
-            })
+            tensors.update({f"{i}.{k}": v for k, v in activations(target, ids[:max_len], pl, hidden_layers, kv,
+                                                                   teacher_topk).items()})
         save_file(tensors, str(out / f"act_{s:05d}.safetensors"))
         mpath.write_text(json.dumps({"settings": settings, "num_samples": len(samples), "num_shards": s + 1,
                                      "total_shards": n_shards}))
         bar.update(1)
     bar.close()
     return json.loads(mpath.read_text())
+
+
+@torch.no_grad()
+def activations(target: Target, ids: torch.Tensor, prompt_len: int, hidden_layers: tuple[int, ...], kv: int,
+                teacher_topk: int) -> dict[str, torch.Tensor]:
+    """One sample's stored tensors, as a shard holds them (ids and prompt length int32; features,
+    keys and values rounded to bf16; teacher log-probs to fp16): ids (T,) -> the target's run."""
+    cache = target.new_cache()
+    step = target.forward(ids[None].to(target.device), cache, hidden_layers)
+    keys, values = cache.layer(kv)  # (1, Hk, T, hd)
+    top = step.logits[0].log_softmax(-1).topk(teacher_topk, dim=-1)  # over (T, V)
+    return {
+        "ids": ids.int(),
+        "prompt_len": torch.tensor([prompt_len], dtype=torch.int32),
+        "hidden": step.hidden[0].to(torch.bfloat16).contiguous(),
+        "keys": keys[0].to(torch.bfloat16).contiguous(),  # a view of the cache's first T slots
+        "values": values[0].to(torch.bfloat16).contiguous(),
+        "top_logp": top.values.to(torch.float16),
+        "top_ids": top.indices.int(),
+    }
 
 
 def _covered(m: dict[str, Any]) -> int:
@@ -145,11 +157,40 @@ class Shard:
                       top_ids=g(i, "top_ids").long())
 
 
+class OnlineSource:
+    """A data set's samples with their activations computed when read (`online_samples`): the
+    same `get` / `sample` as a `Shard`, nothing stored. The target is frozen and each forward
+    starts from an empty cache, so a sample's tensors are the same whenever they are read."""
+
+    def __init__(self, target: Target, samples: Sequence[tuple[torch.Tensor, int]], hidden_layers: tuple[int, ...],
+                 kv_layer: int, teacher_topk: int, max_len: int):
+        self.target, self.samples = target, samples
+        self.hidden_layers, self.kv, self.teacher_topk, self.max_len = hidden_layers, target.layer_index(kv_layer), \
+            teacher_topk, max_len
+
+    def get(self, i: int, name: str) -> torch.Tensor:
+        ids, pl = self.samples[i]
+        if name == "ids":
+            return ids[:self.max_len].int()
+        if name == "prompt_len":
+            return torch.tensor([pl], dtype=torch.int32)
+        return self._tensors(i)[name]
+
+    def _tensors(self, i: int) -> dict[str, torch.Tensor]:
+        ids, pl = self.samples[i]
+        return activations(self.target, ids[:self.max_len], pl, self.hidden_layers, self.kv, self.teacher_topk)
+
+    def sample(self, i: int) -> Sample:
+        t = self._tensors(i)
+        return Sample(ids=t["ids"].long(), prompt_len=int(t["prompt_len"][0]), hidden=t["hidden"], keys=t["keys"],
+                      values=t["values"], top_logp=t["top_logp"], top_ids=t["top_ids"].long())
+
+
 class Samples(Sequence[Sample]):
     """A view of samples stored in activation shards: `samples[i]` reads sample i from disk;
     slicing, `pick` and `+` build other views without reading anything."""
 
-    def __init__(self, refs: list[tuple[Shard, int]]):
+    def __init__(self, refs: list[tuple[Shard | OnlineSource, int]]):
         self.refs = refs
 
     def __len__(self) -> int:
@@ -194,6 +235,16 @@ def load_cache(cache_dir: str | Path, limit: int | None = None) -> Samples:
             raise DataError(f"{path} is missing or unreadable ({e}); delete {d} and run again to rebuild it.") from None
         refs += [(shard, i) for i in range(shard.size)]
     return Samples(refs if limit is None else refs[:limit])
+
+
+def online_samples(target: Target, data: str | Path | DataRef, hidden_layers: tuple[int, ...], kv_layer: int,
+                   teacher_topk: int = 32, max_len: int = 768) -> Samples:
+    """A data set (a directory or its first N shards) as a `Samples` view whose activations the
+    target computes when a sample is read, bit for bit what `build_cache` would store for it
+    (the same target and dtype): training without an activation cache on disk."""
+    ref = DataRef.parse(data)
+    source = OnlineSource(target, ref.samples(), hidden_layers, kv_layer, teacher_topk, max_len)
+    return Samples([(source, i) for i in range(len(source.samples))])
 
 
 def token_frequencies(samples: Samples, vocab_size: int) -> torch.Tensor:

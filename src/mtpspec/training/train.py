@@ -41,7 +41,7 @@ from ..core.target import Target
 from ..errors import DataError, InputError
 from ..models import load_target
 from ..pretrained import load_head, load_head_config
-from .activations import Sample, Samples, build_cache, load_cache, token_frequencies
+from .activations import Sample, Samples, build_cache, load_cache, online_samples, token_frequencies
 from .assistant import ASSISTANT_DIR, AssistantObjective, new_assistant
 from .shards import DataRef
 
@@ -620,7 +620,7 @@ def _save_final(module: nn.Module, out: Path) -> None:
 def train_on_data(data_dirs: Sequence[str | Path | DataRef], out_dir: str | Path, cfg: TrainConfig,
                   head_config: HeadConfig | None = None, target_name: str | None = None, teacher_topk: int = 32,
                   cache_dtype: str = "auto", resume: bool = False, max_steps: int | None = None,
-                  init_head: str | Path | None = None, progress: bool = True) -> dict[str, Any] | None:
+                  init_head: str | Path | None = None, progress: bool = True, online: bool = False) -> dict[str, Any] | None:
     """`mtpspec train` end to end: cache the target's activations on each data set, then `train`.
 
     data_dirs: data directories, or `DataRef`s / `DIR:N` strings for the first N shards of one.
@@ -630,6 +630,11 @@ def train_on_data(data_dirs: Sequence[str | Path | DataRef], out_dir: str | Path
        out_dir/activations, activations-1, ... (resumable); under torchrun the other ranks wait
        at a barrier, then all read the same caches.
     3. Every rank trains on an fp32 copy of the target (frozen; only its modules are shared).
+
+    online: no activation cache on disk; each rank's target (in `cache_dtype`) computes a sample's
+    activations when training reads it (`activations.online_samples`): the same values, so the
+    same steps, for one target forward per sample per epoch. For data whose cache would not fit
+    the disk (~2 KB per token).
 
     Returns `train`'s result on rank 0 and None on the others, so that one process reports.
     """
@@ -641,6 +646,14 @@ def train_on_data(data_dirs: Sequence[str | Path | DataRef], out_dir: str | Path
     # continuing a saved head: its architecture decides what the activation cache holds
     hc = load_head_config(init_head) if init_head is not None else (head_config or HeadConfig())
     rank, world = init_distributed()
+    if online:
+        cache_target = Target(load_target(target_name, cache_dtype).model)  # kept: it computes each sample when read
+        target = Target(load_target(target_name, "fp32").model)
+        views: list[str | Path | Samples] = [online_samples(cache_target, r, hc.hidden_layers, hc.kv_layer, teacher_topk)
+                                             for r in refs]
+        result = train(target, views, out, cfg, hc, resume=resume, max_steps=max_steps, progress=progress,
+                       init_head=init_head)
+        return result if rank == 0 else None
     cache_dirs: list[str | Path] = [out / ("activations" if i == 0 else f"activations-{i}") for i in range(len(data_dirs))]
     if rank == 0:
         cache_target = Target(load_target(target_name, cache_dtype).model)
