@@ -390,3 +390,30 @@ def test_a_server_drafts_with_an_assistant_and_replies_as_plain_decoding(tmp_pat
         assert asyncio.run(run()) == plain
     finally:
         engine.close()
+
+
+def test_data_drafted_by_an_assistant_is_the_set_plain_decoding_writes(tmp_path):
+    """`mtpspec data --engine batch --head ASSISTANT_DIR` on a Gemma 4 target: the assistant drafts
+    the greedy answers, and the set is the one written without drafts, shard for shard."""
+    import json
+
+    from conftest import save_tiny_model_dir
+    from typer.testing import CliRunner
+
+    from mtpspec.cli import app
+    from mtpspec.training.shards import load_samples
+
+    model, _ = save_tiny_model_dir(tmp_path / "target", "gemma4_text")
+    gemma4_assistant(model).save_pretrained(tmp_path / "assistant")
+    runner = CliRunner()
+    base = ["data", "--target", str(tmp_path / "target"), "--num-samples", "6", "--batch-size", "3",
+            "--max-response-tokens", "12", "--max-prompt-tokens", "8", "--engine", "batch", "--dtype", "fp32",
+            "--threads", "1"]
+    for name, extra in (("plain", []), ("drafted", ["--head", str(tmp_path / "assistant")])):
+        r = runner.invoke(app, [*base, "--out", str(tmp_path / name), *extra])
+        assert r.exit_code == 0, r.output
+    plain, drafted = (load_samples(tmp_path / n) for n in ("plain", "drafted"))
+    assert len(plain) == len(drafted) > 0
+    assert all(torch.equal(a, b) and pa == pb for (a, pa), (b, pb) in zip(plain, drafted))
+    assert json.loads((tmp_path / "drafted" / "manifest.json").read_text())["settings"]["generation"]["engine"] == \
+        "mtpspec-batch"

@@ -58,7 +58,7 @@ SERVE_SWITCH_INTERVAL_S = 0.0002  # `mtpspec serve`'s GIL switch interval (see s
 
 # Options several commands share, declared once so that they read (and default) alike.
 TARGET = typer.Option(None, "--target", "-t", help="Local model dir or .gguf file [default: embedded SmolLM2-135M-Instruct].")
-HEAD = typer.Option(None, "--head", help="Saved head directory (generate, bench, serve, acceptance: a Gemma 4 assistant folder too) "
+HEAD = typer.Option(None, "--head", help="Saved head directory (a Gemma 4 assistant folder too, except in costs) "
                     "[default: the shipped head for the target, else a fresh one].")
 DTYPE = typer.Option("auto", "--dtype", help="auto (bf16 where the CPU has native bf16, else fp32), fp32 or bf16.")
 THREADS = typer.Option(0, "--threads", help="torch threads (0 = torch default).")
@@ -279,7 +279,7 @@ def data(
     drafter = None
     if engine == "batch":
         where = head if head is not None else shipped_head_dir(loaded.name)
-        drafter = load_head(where, tgt) if where is not None else None
+        drafter = load_head(where, tgt, assistants=True) if where is not None else None
     m = generate_data(loaded.model, loaded.tokenizer, out, cfg, prompts_file, corpus, passages=passages or None,
                       engine=engine, head=drafter)
     typer.echo(f"{m['num_samples']} samples, {m['num_tokens']} tokens ({m['num_response_tokens']} in responses) "
