@@ -355,6 +355,11 @@ def test_bench_switch_and_hybrid_run_a_gemma4_assistant_exactly(tmp_path):
                                  "--prompts", str(tmp_path / "p.jsonl"), "-k", "1,2", "-n", "8", "--threads", "1"])
     assert r.exit_code == 0, r.output
     assert "k=1" in r.output and "k=2" in r.output
+    r = CliRunner().invoke(app, ["costs", "--target", str(tmp_path / "target"), "--head", str(tmp_path / "assistant"),
+                                 "--max-n", "3", "--reps", "1", "--context", "16", "--bandwidth-mib", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    c = json.loads(r.stdout.strip().splitlines()[-1])
+    assert c["draft_step_ms"] > 0 and c["draft_vocab"] == 97 and c["round_costs"] is None  # no tree from an assistant
 
 
 def test_a_server_drafts_with_an_assistant_and_replies_as_plain_decoding(tmp_path):

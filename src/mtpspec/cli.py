@@ -58,7 +58,7 @@ SERVE_SWITCH_INTERVAL_S = 0.0002  # `mtpspec serve`'s GIL switch interval (see s
 
 # Options several commands share, declared once so that they read (and default) alike.
 TARGET = typer.Option(None, "--target", "-t", help="Local model dir or .gguf file [default: embedded SmolLM2-135M-Instruct].")
-HEAD = typer.Option(None, "--head", help="Saved head directory (a Gemma 4 assistant folder too, except in costs) "
+HEAD = typer.Option(None, "--head", help="Saved head directory (or a Gemma 4 assistant folder) "
                     "[default: the shipped head for the target, else a fresh one].")
 DTYPE = typer.Option("auto", "--dtype", help="auto (bf16 where the CPU has native bf16, else fp32), fp32 or bf16.")
 THREADS = typer.Option(0, "--threads", help="torch threads (0 = torch default).")
@@ -404,10 +404,13 @@ def costs(
     if draft_vocab_size is not None:
         mtp, head_dir = MTPHead.for_target(tgt, HeadConfig(draft_vocab_size=draft_vocab_size)), None
     else:
-        choice = resolve_head(tgt, loaded.name, head, warn=_warn)
+        choice = resolve_head(tgt, loaded.name, head, warn=_warn, assistants=True)
         mtp, head_dir = choice.head, choice.directory
     if save_k and head_dir is None:
         raise InputError("--save-k needs a saved head (--head DIR, or the shipped one).")
+    if save_k and not isinstance(mtp, MTPHead):
+        raise InputError("--save-k stores k in an MTP head's mtp_head.json; for a Gemma 4 assistant, set "
+                         "num_assistant_tokens in its generation_config.json.")
     c = measure_costs(tgt, mtp, max_n=max_n, context=context, reps=reps, bandwidth_bytes=bandwidth_mib * 2**20)
     speedups = predicted_speedups(c, rates) if rates else {}
     best = pick_k(c, rates) if rates else None

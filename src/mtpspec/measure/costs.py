@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -76,31 +77,33 @@ def median_time(fn: Callable[[], object], reps: int) -> float:
 
 
 @torch.no_grad()
-def measure_costs(target: Target, head: MTPHead, max_n: int = 9, context: int = 256, reps: int = 15,
+def measure_costs(target: Target, head: Any, max_n: int = 9, context: int = 256, reps: int = 15,
                   bandwidth_bytes: int = 0) -> Costs:
     """Time one target forward over n = 1..max_n new tokens after `context` cached tokens,
-    and one head draft step, on this machine; with bandwidth_bytes > 0, also stream a buffer of
-    that size to measure the memory bandwidth, and set the one-token forward beside its limit."""
+    and one draft step of `head` (an MTP head, or any chain Drafter such as a Gemma 4 assistant;
+    the tree's timings for an MTP head only), on this machine; with bandwidth_bytes > 0, also
+    stream a buffer of that size to measure the memory bandwidth, and set the one-token forward
+    beside its limit."""
     if bandwidth_bytes < 0:
         raise InputError(f"--bandwidth-mib must be >= 0 (0 = skip the bandwidth), got {bandwidth_bytes // 2**20}.")
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, target.vocab_size, (1, context + max_n), generator=g)
     # sized as decoding sizes it (attention spans every slot, so the capacity is part of the cost)
     cache = target.new_cache(context + max_n)
-    pre = target.forward(ids[:, :context], cache, head.config.hidden_layers, logits_to_keep=1)
+    pre = target.forward(ids[:, :context], cache, head.hidden_layers, logits_to_keep=1)
     verify = {}
     for n in range(1, max_n + 1):
         def run(n: int = n) -> None:
-            target.forward(ids[:, context:context + n], cache, head.config.hidden_layers)
+            target.forward(ids[:, context:context + n], cache, head.hidden_layers)
             cache.truncate(context)  # drop the n rows again, as a round that rejects them
         verify[n] = median_time(run, reps)
     tree_s = tree_step = None
-    if TREE_SPINE + TREE_BRANCHES + 1 <= max_n:
+    if TREE_SPINE + TREE_BRANCHES + 1 <= max_n and isinstance(head, MTPHead):  # trees come from an MTP head
         parents = list(range(-1, TREE_SPINE - 1)) + [-1] * TREE_BRANCHES
         pos, mask = positions(parents, context), tree_mask(parents)
 
         def run_tree() -> None:
-            target.forward(ids[:, context:context + len(parents) + 1], cache, head.config.hidden_layers,
+            target.forward(ids[:, context:context + len(parents) + 1], cache, head.hidden_layers,
                            positions=pos, tree_mask=mask)
             cache.truncate(context)
         tree_s = median_time(run_tree, reps)
@@ -110,7 +113,8 @@ def measure_costs(target: Target, head: MTPHead, max_n: int = 9, context: int = 
     if tree_s is not None:
         tree = TreeDrafter(head, FIXED_TREE)  # width 3, beam 4: every depth a batched step
         tree_step = median_time(lambda: tree.ranked_nodes(inp, k), reps) / k
-    vocab = head.draft_ids.numel() if head.draft_ids is not None else target.vocab_size
+    draft_ids = getattr(head, "draft_ids", None)  # an MTP head's reduced draft vocabulary
+    vocab = draft_ids.numel() if draft_ids is not None else target.vocab_size
     memory = None
     if bandwidth_bytes > 0:
         memory = MemoryLimit(weight_bytes=forward_bytes(forward_matrices(target)),

@@ -72,7 +72,7 @@ def load_head(head_dir: str | Path, target: Any, assistants: bool = False) -> An
     if is_assistant_dir(head_dir):
         if not assistants:
             raise InputError(f"{head_dir} is a Gemma 4 assistant, not an mtpspec head: it drafts chains in "
-                             "`mtpspec generate`, `bench`, `serve`, `acceptance` and `data`; this command needs an MTP head.")
+                             "`mtpspec generate`, `bench`, `serve`, `acceptance`, `costs` and `data`; this needs an MTP head.")
         return load_assistant(head_dir, target)
     return MTPHead.from_pretrained(head_dir, target)
 
