@@ -384,11 +384,11 @@ class Target:
         o = _quantized([a.o_proj]) or Projection(*_wb(a.o_proj))
         down = _quantized([m.down_proj]) or Projection(*_wb(m.down_proj))
         source = self._kv_sources[i]
-        if kv == "shared":  # its keys and values are its source's: that layer's shape
-            hk = self._layers[source].hk
-        else:
-            kv_rows = (qkv.out_features - self.num_heads * hd) // (2 if kv == "own" else 1)
-            hk = max(kv_rows // hd, 1)
+        # key/value heads as the module declares them (Gemma 4: per layer), else as the config does
+        groups = getattr(a, "num_key_value_groups", None)
+        hk = self.num_heads // int(groups) if groups else int(getattr(self.config, "num_key_value_heads", None) or self.num_heads)
+        if kv == "shared" and self._layers[source].hk != hk:
+            raise UnsupportedModelError(f"{name}: layer {i} reads layer {source}'s keys and values, of another shape.")
         qkv_rows = (self.num_heads + {"own": 2, "k": 1, "shared": 0}[kv] * hk) * hd
         if qkv.out_features != qkv_rows or gate_up.out_features % 2 or self.num_heads % hk:
             raise UnsupportedModelError(f"{name}: q/k/v projections of {qkv.out_features} rows where the config "
