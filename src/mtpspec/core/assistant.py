@@ -49,6 +49,7 @@ from ..config import SamplingConfig
 from ..errors import InputError
 from .cache import KVCache
 from .draft import Draft, DraftInput
+from .gemma4 import store_layers
 from .sampling import probs_from_logits, sample
 from .target import Target
 
@@ -63,13 +64,6 @@ def is_assistant_dir(path: str | Path) -> bool:
         return json.loads(cfg.read_text()).get("model_type") == MODEL_TYPE
     except (OSError, ValueError, AttributeError):
         return False
-
-
-def store_layers(target_cfg: object) -> dict[str, int]:
-    """Layer type -> the target layer whose keys and values the assistant's layers of that type
-    read: the last layer of the type that computes its own ("store" in HF's kv_sharing_modes)."""
-    modes, types = target_cfg.kv_sharing_modes, target_cfg.layer_types  # type: ignore[attr-defined]
-    return {types[i]: i for i, mode in enumerate(modes) if mode == "store"}
 
 
 def check_pair(assistant_cfg: object, target: Target) -> dict[str, int]:

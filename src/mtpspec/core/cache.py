@@ -84,7 +84,8 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        return int(self._bulk()[0].shape[-2])
+        keys = self.keys if self._stores is None else self._stores[0][0]  # (N or 1, Hk, S, hd)
+        return int(keys.shape[-2])  # type: ignore[union-attr]
 
     @property
     def has_planes(self) -> bool:

@@ -140,11 +140,10 @@ def head_round_costs(head: Any) -> RoundCosts | None:
     """This machine's measured prices (`measure.costs.machine_round_costs`, measured once and
     cached) where `head`'s target runs the fused forward on a GGUF file's blocks: a verify row
     costs there what dequantizing its weights costs, 0.03 of a one-token forward in FUSED_COSTS
-    (dense weights) but 0.19 on the 2-core Xeon, where trees priced by FUSED_COSTS ran at 0.99x
-    k0 and trees priced by the measured costs at 1.19x (reports/drafting/tree-prices-gguf/).
-    None elsewhere: the constants hold there."""
-    target = getattr(head, "target", None)
-    if not isinstance(head, MTPHead) or target is None or target.engine != "fused" or not target.quantized:
+    (dense weights) but 0.195 on the 2-core Xeon, where trees priced by FUSED_COSTS ran at
+    0.96-0.99x k0 and trees priced by the measured costs at 1.16-1.17x
+    (reports/drafting/tree-prices-gguf/). None elsewhere: the constants hold there."""
+    if not isinstance(head, MTPHead) or head.target.engine != "fused" or not head.target.quantized:
         return None
     from ..measure.costs import machine_round_costs
 
@@ -542,9 +541,9 @@ def build_drafter(head: MTPHead | Drafter | None, kind: str = "chain", *, k: int
             return None, 0 if k is None else k
         return head, default_k(head) if k is None else k
     if not isinstance(head, MTPHead) and (kind == "tree" or head is None):
-        raise InputError(f"A {kind} drafter is built from an MTPHead; pass the head as the drafter, not "
-                         f"{type(head).__name__}." + (" A Gemma 4 assistant drafts chains, and switch and hybrid "
-                                                      "rounds." if type(head).__name__ == "AssistantDrafter" else ""))
+        raise InputError(f"A {kind} drafter is built from an MTPHead, not {type(head).__name__}: a tree needs the "
+                         "head's distributions (a chain drafter such as a Gemma 4 assistant drafts chains, "
+                         "switch and hybrid rounds).")
     if kind == "switch":  # any chain drafter: an MTP head, a Gemma 4 assistant
         chain = default_k(head) if head_k is None else head_k
         longest = SWITCH_TOKENS if k is None else k

@@ -55,27 +55,27 @@ def check(cfg: object) -> None:
                                     "26B-A4B) is not supported: mtpspec runs dense MLPs only.")
 
 
+def store_layers(cfg: object) -> dict[str, int]:
+    """Layer type -> the last layer of that type that computes its own keys and values ("store"
+    in HF's `kv_sharing_modes`): what the model's KV-shared layers, and a Gemma 4 assistant's
+    layers, attend."""
+    modes, types = cfg.kv_sharing_modes, cfg.layer_types  # type: ignore[attr-defined]
+    return {types[i]: i for i, mode in enumerate(modes) if mode == "store"}
+
+
 def kv_sources(cfg: object) -> list[int]:
-    """Per layer, the layer whose keys and values it attends: itself, or (KV-shared layers) the
-    last layer before the shared ones with the same layer type, as HF's `kv_sharing_modes`."""
+    """Per layer, the layer whose keys and values it attends: itself, or (a KV-shared layer, HF's
+    "reuse") the store layer of its type."""
     n = int(cfg.num_hidden_layers)  # type: ignore[attr-defined]
-    shared = int(getattr(cfg, "num_kv_shared_layers", 0) or 0)
-    types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * n)
-    first = n - shared
-    if shared and first <= 0:
+    if int(getattr(cfg, "num_kv_shared_layers", 0) or 0) >= n:
         raise UnsupportedModelError("a Gemma 4 model whose every layer shares another's keys and values is an "
                                     "assistant (drafter), not a target.")
-    out = []
-    for i in range(n):
-        if i < first:
-            out.append(i)
-            continue
-        same = [j for j in range(first) if types[j] == types[i]]
-        if not same:
-            raise UnsupportedModelError(f"Gemma 4 layer {i} ({types[i]}) shares keys and values, but no earlier "
-                                        "layer of its type computes them.")
-        out.append(same[-1])
-    return out
+    try:
+        modes, stores = cfg.kv_sharing_modes, store_layers(cfg)  # type: ignore[attr-defined]
+    except ValueError as e:  # HF's own check: a shared layer type that no earlier layer computes
+        raise UnsupportedModelError(f"Gemma 4 KV sharing: {e}") from None
+    types = cfg.layer_types  # type: ignore[attr-defined]
+    return [stores[types[i]] if mode == "reuse" else i for i, mode in enumerate(modes)]
 
 
 def kv_kind(attn: nn.Module) -> str:

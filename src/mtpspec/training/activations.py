@@ -165,8 +165,8 @@ class OnlineSource:
     def __init__(self, target: Target, samples: Sequence[tuple[torch.Tensor, int]], hidden_layers: tuple[int, ...],
                  kv_layer: int, teacher_topk: int, max_len: int):
         self.target, self.samples = target, samples
-        self.hidden_layers, self.kv, self.teacher_topk, self.max_len = hidden_layers, target.layer_index(kv_layer), \
-            teacher_topk, max_len
+        self.hidden_layers, self.kv = hidden_layers, target.layer_index(kv_layer)
+        self.teacher_topk, self.max_len = teacher_topk, max_len
 
     def get(self, i: int, name: str) -> torch.Tensor:
         ids, pl = self.samples[i]

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..config import TrainConfig
-from ..core.assistant import store_layers
+from ..core.gemma4 import store_layers
 from ..core.target import Target
 from ..errors import InputError
 from .activations import Sample

@@ -468,7 +468,7 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     settings["generation"] = dict(GENERATION) if engine == "batch" else generation(model)
     manifest = _load_manifest(out, target, settings)
     out.mkdir(parents=True, exist_ok=True)
-    if engine == "batch":  # 48 rows a forward: quantized matrices on AMX tiles where there are some (fused.py)
+    if engine == "batch":  # up to BATCH_ROWS_MAX rows a forward: quantized matrices on AMX tiles where there are some
         with fused.blocks_on_amx() as amx:
             return _write(model, tokenizer, out, cfg, recipe, extra, real, manifest, progress,
                           writer=_BatchWriter(target, tokenizer, cfg, stop_token_ids(model, tokenizer), head, amx))

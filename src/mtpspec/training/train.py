@@ -646,24 +646,21 @@ def train_on_data(data_dirs: Sequence[str | Path | DataRef], out_dir: str | Path
     # continuing a saved head: its architecture decides what the activation cache holds
     hc = load_head_config(init_head) if init_head is not None else (head_config or HeadConfig())
     rank, world = init_distributed()
+    caches: list[str | Path | Samples]
     if online:
         cache_target = Target(load_target(target_name, cache_dtype).model)  # kept: it computes each sample when read
-        target = Target(load_target(target_name, "fp32").model)
-        views: list[str | Path | Samples] = [online_samples(cache_target, r, hc.hidden_layers, hc.kv_layer, teacher_topk)
-                                             for r in refs]
-        result = train(target, views, out, cfg, hc, resume=resume, max_steps=max_steps, progress=progress,
-                       init_head=init_head)
-        return result if rank == 0 else None
-    cache_dirs: list[str | Path] = [out / ("activations" if i == 0 else f"activations-{i}") for i in range(len(data_dirs))]
-    if rank == 0:
-        cache_target = Target(load_target(target_name, cache_dtype).model)
-        for ref, cache_dir in zip(refs, cache_dirs):
-            build_cache(cache_target, ref, cache_dir, hc.hidden_layers, hc.kv_layer, teacher_topk, progress=progress)
-        del cache_target
-    if world > 1:
-        dist.barrier()
+        caches = [online_samples(cache_target, r, hc.hidden_layers, hc.kv_layer, teacher_topk) for r in refs]
+    else:
+        cache_dirs = [out / ("activations" if i == 0 else f"activations-{i}") for i in range(len(data_dirs))]
+        if rank == 0:
+            cache_target = Target(load_target(target_name, cache_dtype).model)
+            for ref, cache_dir in zip(refs, cache_dirs):
+                build_cache(cache_target, ref, cache_dir, hc.hidden_layers, hc.kv_layer, teacher_topk, progress=progress)
+            del cache_target
+        if world > 1:
+            dist.barrier()
+        caches = [load_cache(d, n) for d, n in zip(cache_dirs, sizes)]
     target = Target(load_target(target_name, "fp32").model)
-    caches: list[str | Path | Samples] = [load_cache(d, n) for d, n in zip(cache_dirs, sizes)]
     result = train(target, caches, out, cfg, hc, resume=resume, max_steps=max_steps, progress=progress,
                    init_head=init_head)
     return result if rank == 0 else None
