@@ -388,6 +388,48 @@ def test_the_batched_engine_writes_mtpspec_plain_decoding_and_resumes_exactly(ti
     assert len(b) == len(samples) and all(torch.equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(samples, b))
 
 
+def test_batches_in_flight_write_what_one_batch_at_a_time_writes(tiny, tmp_path, monkeypatch):
+    """The batched writer keeps several data batches in flight, their rows sharing forwards, their
+    sampled user turns drawn from each batch's own seeds: the set is, shard for shard and hash for
+    hash, the one written one batch at a time, and a run stopped with batches in flight resumes
+    to the same set."""
+    from mtpspec.training import data as D
+    from mtpspec.training.batch_generate import batch_generate
+
+    model, tok = tiny
+    cfg = DataConfig(num_samples=24, **CFG)
+    calls: list[int] = []
+    pool_submit = D.RowPool.submit
+
+    def submit(self, rows, *a, **k):
+        calls.append(len(self.pending) + len(self.live))  # rows of other jobs still queued or running
+        return pool_submit(self, rows, *a, **k)
+
+    monkeypatch.setattr(D.RowPool, "submit", submit)
+    many = generate_data(model, tok, tmp_path / "many", cfg, progress=False, engine="batch")
+    assert max(calls) > 0  # jobs of several batches were in the pool at once
+
+    class OneAtATime(D._BatchWriter):
+        """The writer before batches overlapped: one batch at a time, each job alone through
+        `batch_generate`, its seeds drawn from torch's global generator, seeded per batch."""
+        batches = D._Writer.batches
+
+        def generate(self, rows, max_new, temperature):
+            return batch_generate(self.target, rows, max_new, temperature, D.TOP_P, self.stop_ids, self.head, self.k,
+                                  self.config)
+
+    monkeypatch.setattr(D, "_BatchWriter", OneAtATime)
+    one = generate_data(model, tok, tmp_path / "one", cfg, progress=False, engine="batch")
+    monkeypatch.undo()
+    assert many == one and many["num_shards"] >= 3
+    for i in range(many["num_shards"]):
+        name = D.shard_path(tmp_path / "many", i).name
+        assert (tmp_path / "many" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
+    generate_data(model, tok, tmp_path / "resumed", DataConfig(num_samples=5, **CFG), progress=False, engine="batch")
+    resumed = generate_data(model, tok, tmp_path / "resumed", cfg, progress=False, engine="batch")
+    assert resumed == many
+
+
 def test_a_set_keeps_the_engine_that_started_it(tiny, tmp_path):
     from mtpspec.training.data import recorded_engine
 

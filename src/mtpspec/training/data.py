@@ -30,7 +30,7 @@ import json
 import random
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from ..core.batch import AMX_DRAFT_ROWS, BATCH_ROWS_MAX, BatchConfig
 from ..core.drafters import default_k
 from ..core.target import Target
 from ..errors import DataError, InputError
-from .batch_generate import GENERATION, batch_generate
+from .batch_generate import GENERATION, Job, RowPool
 from .everyday import everyday_request
 from .fast_generate import NucleusSampler, attention_implementation, generation, length_buckets
 from .shards import read_manifest, save_manifest, shard_path, write_shard
@@ -243,6 +243,16 @@ class _Writer:
     def finished(self, ids: list[int]) -> bool:
         return bool(ids) and ids[-1] in self.stop_ids
 
+    def batches(self, start: Callable[[int], tuple[int, Stages] | None]) -> Iterator[tuple[list[Sample], list[str]]]:
+        """Each batch's (samples, added prompt hashes), in stream order, one batch at a time, its
+        generations one after another. `start(n)` gives the next batch (its seed, its stages)
+        while n batches are in flight, or None to stop. HF's sampling draws from torch's global
+        generator, seeded per batch, so that a resumed run writes what one run writes."""
+        while (b := start(0)) is not None:
+            seed, stages = b
+            torch.manual_seed(seed)
+            yield _run(stages, lambda gens: [self.generate(*g) for g in gens])
+
     def generate(self, rows: list[list[int]], max_new: int, temperature: float) -> list[list[int]]:
         """Batched HF generate, one call per length bucket -> each row's new ids, in row order."""
         if not self.buckets:
@@ -275,41 +285,109 @@ class _Writer:
         return new
 
 
+# Data batches the batched writer keeps in flight: while one waits for its slowest rows, the next
+# ones' rows fill the forward (`RowPool`).
+PIPELINE_DEPTH = 3
+
+
 class _BatchWriter(_Writer):
     """Generation through mtpspec's own batched decode loop (`batch_generate.py`): the same
-    prompts, stages and cuts, each row mtpspec's plain decoding of it."""
+    prompts, stages and cuts, each row mtpspec's plain decoding of it, several data batches in
+    flight at once through one `RowPool`."""
 
     def __init__(self, target: Target, tokenizer: Any, cfg: DataConfig, stop_ids: list[int], head: Any = None,
-                 amx: bool = False):
+                 amx: bool = False, depth: int | None = None):
         super().__init__(target.hf_model, tokenizer, cfg, stop_ids)
-        self.target = target
+        self.target, self.depth = target, depth or PIPELINE_DEPTH
         self.head, self.k = head, (default_k(head) if head is not None else 0)
         # blocks on AMX tiles: rows cost little, so the greedy rows left at a stage's end draft more
         # (drafts never change a greedy row, and sampled rows are not drafted: the same set)
         self.config = BatchConfig(max_rows=BATCH_ROWS_MAX, **({"draft_rows": AMX_DRAFT_ROWS} if amx else {}))
 
-    def generate(self, rows: list[list[int]], max_new: int, temperature: float) -> list[list[int]]:
-        return batch_generate(self.target, rows, max_new, temperature, TOP_P, self.stop_ids, self.head, self.k,
-                              self.config)
+    def batches(self, start: Callable[[int], tuple[int, Stages] | None]) -> Iterator[tuple[list[Sample], list[str]]]:
+        """`_Writer.batches` with up to `depth` batches in flight, their rows in one `RowPool`. What
+        each batch writes is what it writes alone: every row is decoded exactly whatever shares its
+        forward, each batch draws its rows' seeds from its own generator (seeded as the global one
+        is one batch at a time), and the batches are sent their first outputs, the only ones that
+        read or add to `seen`, in stream order."""
+        pool = RowPool(self.target, TOP_P, self.stop_ids, self.head, self.k, self.config)
+        flight: list[_Flight] = []  # in stream order
+        while True:
+            while len(flight) < self.depth and (b := start(len(flight))) is not None:
+                seed, stages = b
+                flight.append(_Flight(stages, torch.Generator().manual_seed(seed)))
+                flight[-1].submit(pool, next(stages))
+            if not flight:
+                return
+            for n, f in enumerate(flight):  # deliver what is done; first outputs in stream order
+                while f.jobs is not None and all(j.done for j in f.jobs) and (f.sent or all(g.sent for g in flight[:n])):
+                    f.deliver(pool)
+            if flight[0].result is not None:
+                yield flight.pop(0).result
+            elif pool.busy:
+                pool.step()
+
+
+class _Flight:
+    """One data batch in flight: its stages, its generator, the jobs it waits for."""
+
+    def __init__(self, stages: Stages, generator: torch.Generator):
+        self.stages, self.generator = stages, generator
+        self.jobs: list[Job] | None = None
+        self.sent = False  # first outputs delivered
+        self.result: tuple[list[Sample], list[str]] | None = None
+
+    def submit(self, pool: RowPool, gens: list[Gen]) -> None:
+        self.jobs = [pool.submit(rows, max_new, t, self.generator) for rows, max_new, t in gens]
+
+    def deliver(self, pool: RowPool) -> None:
+        outs = [j.out for j in self.jobs or []]
+        self.jobs, self.sent = None, True
+        try:
+            self.submit(pool, self.stages.send(outs))
+        except StopIteration as e:
+            self.result = e.value
+
+
+def _run(stages: Stages, run: Callable[[list[Gen]], list[list[list[int]]]]) -> tuple[list[Sample], list[str]]:
+    """A batch's stages to the end, each stage's generations through `run`."""
+    try:
+        gens = next(stages)
+        while True:
+            gens = stages.send(run(gens))
+    except StopIteration as e:
+        return e.value
 
 
 Sample = tuple[list[int], int]  # (prompt + answer ids, prompt length)
 
 
-def _answer(w: _Writer, chats: list[list[dict[str, str]]], max_new: int) -> list[tuple[list[dict[str, str]], list[int], list[int]]]:
-    """Answer each chat; keep (messages, prompt ids, answer ids) of the non-degenerate answers."""
-    prompts = [w.chat_ids(c) for c in chats]
-    answers = w.generate(prompts, max_new, w.cfg.response_temperature)
-    return [(c, p, a) for c, p, a in zip(chats, prompts, answers) if not is_degenerate(a)]
+# A batch's stages as a generator: it yields the generations it needs next (`Gen`s, run in any
+# order or together) and is sent their outputs (each row's new ids), in the same order; it returns
+# the batch's samples and the prompt hashes it added to `seen`. Only the first stage's outputs
+# touch `seen`, so batches may overlap once each has been sent its first outputs in stream order.
+Gen = tuple[list[list[int]], int, float]  # (rows, max_new, temperature)
+Stages = Generator[list[Gen], list[list[list[int]]], tuple[list[Sample], list[str]]]
 
 
-def _chat_batch(w: _Writer, batch: list[tuple[str, str]], rng: random.Random, seen: set[str]) -> list[Sample]:
+def _answers(w: _Writer, groups: list[list[list[dict[str, str]]]], max_new: list[int]) -> Generator[
+        list[Gen], list[list[list[int]]], list[list[tuple[list[dict[str, str]], list[int], list[int]]]]]:
+    """Answer each group of chats (one generation each, all at once); keep (messages, prompt ids,
+    answer ids) of the non-degenerate answers, per group."""
+    prompts = [[w.chat_ids(c) for c in chats] for chats in groups]
+    answers = yield [(p, n, w.cfg.response_temperature) for p, n in zip(prompts, max_new)]
+    return [[(c, p, a) for c, p, a in zip(chats, ps, ans) if not is_degenerate(a)]
+            for chats, ps, ans in zip(groups, prompts, answers)]
+
+
+def _chat_batch(w: _Writer, batch: list[tuple[str, str]], rng: random.Random, seen: set[str]) -> Stages:
     """One batch of the chat recipe: user turns, answers, requests over passages, follow-ups."""
     cfg = w.cfg
+    added: list[str] = []
     # 1. User turns: given prompts as they are; openers continued by the target (sampled).
     magpie = [op for kind, op in batch if kind not in ("given", "everyday") and not kind.startswith("passage:")]
-    written = iter(w.generate([w.ids(_chat_prefix(w.tok, op)) for op in magpie], cfg.max_prompt_tokens,
-                              cfg.prompt_temperature))
+    (got,) = yield [([w.ids(_chat_prefix(w.tok, op)) for op in magpie], cfg.max_prompt_tokens, cfg.prompt_temperature)]
+    written = iter(got)
     short: list[list[dict[str, str]]] = []
     docs: list[tuple[str, list[dict[str, str]]]] = []
     real: list[list[dict[str, str]]] = []  # requests over real passages (stage 1 skipped)
@@ -319,6 +397,7 @@ def _chat_batch(w: _Writer, batch: list[tuple[str, str]], rng: random.Random, se
             h = hashlib.sha1(request.encode()).hexdigest()[:16]
             if h not in seen:
                 seen.add(h)
+                added.append(h)
                 real.append([{"role": "user", "content": request}])
             continue
         if kind in ("given", "everyday"):
@@ -331,35 +410,38 @@ def _chat_batch(w: _Writer, batch: list[tuple[str, str]], rng: random.Random, se
         if len(user) < 8 or h in seen:
             continue
         seen.add(h)
+        added.append(h)
         chat = [{"role": "user", "content": user}]
         if kind.startswith("document:"):
             docs.append((kind.removeprefix("document:"), chat))
         else:
             short.append(chat)
     # 2. Answers: short turns, and the passages of the document recipe.
-    answered = _answer(w, short, cfg.max_response_tokens)
-    passages = _answer(w, [c for _, c in docs], cfg.max_document_tokens)
+    answered, passages = yield from _answers(w, [short, [c for _, c in docs]],
+                                             [cfg.max_response_tokens, cfg.max_document_tokens])
     kind_of = {id(c): k for k, c in docs}
     # 3. Requests over the passages (stage 2 of the document recipe).
     requests = [[{"role": "user", "content": request_over(kind_of[id(c)], w.text(a), rng)}]
                 for c, _, a in passages if not is_repetitive(w.text(a))]
-    answered += _answer(w, requests + real, cfg.max_response_tokens)
+    answered += (yield from _answers(w, [requests + real], [cfg.max_response_tokens]))[0]
     # 4. Follow-up turns on a share of the answered chats.
     follow = [c + [{"role": "assistant", "content": w.text(a)}, {"role": "user", "content": rng.choice(FOLLOW_UPS)}]
               for c, _, a in answered if rng.random() < cfg.follow_up_share]
-    later = _answer(w, follow, cfg.max_response_tokens)
-    return [(p + a, len(p)) for _, p, a in answered + passages + later]
+    (later,) = yield from _answers(w, [follow], [cfg.max_response_tokens])
+    return [(p + a, len(p)) for _, p, a in answered + passages + later], added
 
 
-def _continuation_batch(w: _Writer, batch: list[tuple[str, str]], seen: set[str]) -> list[Sample]:
+def _continuation_batch(w: _Writer, batch: list[tuple[str, str]], seen: set[str]) -> Stages:
     """One batch of the continuation recipe: prefixes (given, or written by the target from an
     opener, sampled), then the target's greedy continuation of each."""
     cfg = w.cfg
+    added: list[str] = []
     def start(op: str) -> list[int]:  # with special tokens (BOS); a model without BOS starts after its EOS
         return w.ids(op, special=True) or w.stop_ids[:1]
 
     openers = [start(op) for kind, op in batch if kind != "given"]
-    written = iter(w.generate(openers, cfg.max_prompt_tokens, cfg.prompt_temperature))
+    (got,) = yield [(openers, cfg.max_prompt_tokens, cfg.prompt_temperature)]
+    written = iter(got)
     prefixes = []
     for kind, op in batch:
         ids = start(op)
@@ -370,9 +452,10 @@ def _continuation_batch(w: _Writer, batch: list[tuple[str, str]], seen: set[str]
         h = hashlib.sha1(str(ids).encode()).hexdigest()[:16]
         if len(ids) >= 4 and h not in seen:
             seen.add(h)
+            added.append(h)
             prefixes.append(ids)
-    answers = w.generate(prefixes, cfg.max_response_tokens, cfg.response_temperature)
-    return [(p + a, len(p)) for p, a in zip(prefixes, answers) if not is_degenerate(a)]
+    (answers,) = yield [(prefixes, cfg.max_response_tokens, cfg.response_temperature)]
+    return [(p + a, len(p)) for p, a in zip(prefixes, answers) if not is_degenerate(a)], added
 
 
 def _prompt_stream(cfg: DataConfig, recipe: str, extra: list[str],
@@ -489,21 +572,28 @@ def _write(model: Any, tokenizer: Any, out: Path, cfg: DataConfig, recipe: str, 
     for _ in range(manifest["prompts_consumed"]):  # replay the deterministic stream
         next(stream)
     seen = set(manifest.get("prompt_hashes", []))
+    committed = set(seen)  # the hashes of the batches written: what the manifest records
     bar = tqdm(total=cfg.num_samples, initial=done, desc=f"self-distillation data ({recipe})", unit="sample",
                disable=not progress)
     budget = _Budget()
     empty_batches = 0
-    while done < cfg.num_samples:
-        # HF sampling draws from torch's global generator, the templates from rng: both seeded
-        # per batch, so that a resumed run writes exactly what an uninterrupted one would have.
-        batch_seed = cfg.seed * 1_000_003 + manifest["prompts_consumed"]
-        torch.manual_seed(batch_seed)
+    created = manifest["prompts_consumed"]
+
+    def start(in_flight: int) -> tuple[int, Stages] | None:
+        """The next batch, while the committed samples and those in flight may fall short. The
+        templates draw from rng and the sampling from the batch's seed: both from the batch's place
+        in the stream, so that a resumed run writes exactly what an uninterrupted one would have."""
+        nonlocal created
+        if done + in_flight * cfg.batch_size >= cfg.num_samples:
+            return None
+        batch_seed = cfg.seed * 1_000_003 + created
         rng = random.Random(batch_seed)
         batch = [next(stream) for _ in range(cfg.batch_size)]
-        if recipe == "chat":
-            samples = _chat_batch(writer, batch, rng, seen)
-        else:
-            samples = _continuation_batch(writer, batch, seen)
+        created += cfg.batch_size
+        stages = _chat_batch(writer, batch, rng, seen) if recipe == "chat" else _continuation_batch(writer, batch, seen)
+        return batch_seed, stages
+
+    for samples, added in writer.batches(start):
         budget.tokens += sum(len(s) - p for s, p in samples)
         # One shard per batch, then the manifest: a kill between the two only repeats this
         # batch on resume (same prompts, same shard name), never duplicates or skips one.
@@ -514,7 +604,8 @@ def _write(model: Any, tokenizer: Any, out: Path, cfg: DataConfig, recipe: str, 
                             num_tokens=manifest["num_tokens"] + sum(len(s) for s, _ in samples),
                             num_response_tokens=manifest.get("num_response_tokens", 0) + sum(len(s) - p for s, p in samples))
         manifest["prompts_consumed"] += cfg.batch_size
-        manifest["prompt_hashes"] = sorted(seen)
+        committed.update(added)
+        manifest["prompt_hashes"] = sorted(committed)
         save_manifest(out, manifest)
         bar.update(len(samples))
         empty_batches = 0 if samples else empty_batches + 1
@@ -522,6 +613,8 @@ def _write(model: Any, tokenizer: Any, out: Path, cfg: DataConfig, recipe: str, 
             raise DataError("20 batches in a row gave no usable sample: the target's prompts are all "
                             "degenerate or unfinished. Try --prompts-file, or a higher --max-prompt-tokens.")
         bar.set_postfix(resp_tok_s=f"{budget.rate():.0f}")
+        if done >= cfg.num_samples:  # batches still in flight are dropped: a later run writes them again
+            break
     bar.close()
     return manifest
 
