@@ -394,7 +394,6 @@ def test_batches_in_flight_write_what_one_batch_at_a_time_writes(tiny, tmp_path,
     hash, the one written one batch at a time, and a run stopped with batches in flight resumes
     to the same set."""
     from mtpspec.training import data as D
-    from mtpspec.training.batch_generate import batch_generate
 
     model, tok = tiny
     cfg = DataConfig(num_samples=24, **CFG)
@@ -410,13 +409,9 @@ def test_batches_in_flight_write_what_one_batch_at_a_time_writes(tiny, tmp_path,
     assert max(calls) > 0  # jobs of several batches were in the pool at once
 
     class OneAtATime(D._BatchWriter):
-        """The writer before batches overlapped: one batch at a time, each job alone through
-        `batch_generate`, its seeds drawn from torch's global generator, seeded per batch."""
+        """The writer before batches overlapped: one batch at a time, each generation alone
+        (`_BatchWriter.generate`), its seeds from torch's global generator, seeded per batch."""
         batches = D._Writer.batches
-
-        def generate(self, rows, max_new, temperature):
-            return batch_generate(self.target, rows, max_new, temperature, D.TOP_P, self.stop_ids, self.head, self.k,
-                                  self.config)
 
     monkeypatch.setattr(D, "_BatchWriter", OneAtATime)
     one = generate_data(model, tok, tmp_path / "one", cfg, progress=False, engine="batch")

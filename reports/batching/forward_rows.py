@@ -8,6 +8,7 @@ default), interleaved in this one process (the two kernels' outputs differ in th
 sums; each is exact on its own).
 
     python reports/batching/forward_rows.py
+    python reports/batching/forward_rows.py --context 8,200,600 --shapes 1x1,16x1,64x1 --no-head   # rows x context
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ import torch
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--context", type=int, default=200, help="committed positions in each sequence's cache")
+    ap.add_argument("--context", default="200", help="committed positions in each sequence's cache (a comma list: "
+                    "one table each)")
+    ap.add_argument("--shapes", default="1x1,1x4,1x16,2x1,4x1,8x1,16x1,2x4,4x4,8x4,12x4,16x3,16x4",
+                    help="sequences x rows each, comma separated")
+    ap.add_argument("--no-head", action="store_true", help="skip the head's drafting table")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -38,12 +43,9 @@ def main() -> None:
     t = mtpspec.Target(loaded.model)
     head = resolve_head(t, loaded.name, None).head
     g = torch.Generator().manual_seed(0)
-    L = args.context
-    caches = []
-    for _ in range(16):
-        c = t.new_cache(L + 128)
-        t.forward(torch.randint(0, t.vocab_size, (1, L), generator=g), c)
-        caches.append(c)
+    shapes = [tuple(int(v) for v in x.split("x")) for x in args.shapes.split(",")]
+    contexts = [int(c) for c in args.context.split(",")]
+    caches = [t.new_cache(max(contexts) + 128) for _ in range(max(n for n, _ in shapes + [(16, 1)]))]
     amx = fused.uses_amx()
 
     def timed(fn) -> str:
@@ -59,23 +61,30 @@ def main() -> None:
         a, b = min(ms[True]), min(ms[False])
         return f"{a:.2f} | {b:.2f} | {b / a:.2f}x"
 
-    print(f"fused forward, {L} positions of context each ({t.engine}, {t.dtype}, {args.threads} threads)")
-    cols = "blocks on AMX ms | on AVX-512 ms | AVX-512 / AMX" if amx else "ms"
-    print(f"| sequences | rows each | rows | {cols} |\n|---|---|---|{'---|' * (3 if amx else 1)}")
-    for n, r in [(1, 1), (1, 4), (1, 16), (2, 1), (4, 1), (8, 1), (16, 1), (2, 4), (4, 4), (8, 4), (12, 4), (16, 3),
-                 (16, 4)]:
-        ids = [torch.randint(0, t.vocab_size, (1, r), generator=g) for _ in range(n)]
+    for L in contexts:
+        for c in caches:  # each sequence's own L committed positions
+            c.length = 0
+            t.forward(torch.randint(0, t.vocab_size, (1, L), generator=g), c)
+        print(f"fused forward, {L} positions of context each ({t.engine}, {t.dtype}, {args.threads} threads)")
+        cols = "blocks on AMX ms | on AVX-512 ms | AVX-512 / AMX" if amx else "ms"
+        print(f"| sequences | rows each | rows | {cols} |\n|---|---|---|{'---|' * (3 if amx else 1)}")
+        for n, r in shapes:
+            ids = [torch.randint(0, t.vocab_size, (1, r), generator=g) for _ in range(n)]
 
-        def run() -> None:
-            for c in caches[:n]:
-                c.length = L
-            t.forward_many([SeqRows(i, c) for i, c in zip(ids, caches[:n])])
-        print(f"| {n} | {r} | {n * r} | {timed(run)} |", flush=True)
+            def run(n: int = n, ids: list = ids, L: int = L) -> None:
+                for c in caches[:n]:
+                    c.length = L
+                t.forward_many([SeqRows(i, c) for i, c in zip(ids, caches[:n])])
+            print(f"| {n} | {r} | {n * r} | {timed(run)} |", flush=True)
+        print()
+    if args.no_head:
+        return
+    L = contexts[-1]
     for c in caches:
         c.length = L
     tokens = torch.randint(0, t.vocab_size, (1, L + 1), generator=g)
     greedy = SamplingConfig()
-    print("\nhead drafts, k = 3 each\n| requests | together ms | one by one ms |\n|---|---|---|")
+    print("head drafts, k = 3 each\n| requests | together ms | one by one ms |\n|---|---|---|")
     for n in (1, 4, 8, 16):
         inps = [DraftInput(tokens, torch.randn(1, t.hidden_size, generator=g).to(t.dtype), caches[i]) for i in range(n)]
         together = median_time(lambda: head.propose_many(inps, [3] * n, [greedy] * n, [None] * n), args.repeats)

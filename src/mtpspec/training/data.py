@@ -44,7 +44,7 @@ from ..core.batch import AMX_DRAFT_ROWS, BATCH_ROWS_MAX, BatchConfig
 from ..core.drafters import default_k
 from ..core.target import Target
 from ..errors import DataError, InputError
-from .batch_generate import GENERATION, Job, RowPool
+from .batch_generate import GENERATION, Job, RowPool, batch_generate
 from .everyday import everyday_request
 from .fast_generate import NucleusSampler, attention_implementation, generation, length_buckets
 from .shards import read_manifest, save_manifest, shard_path, write_shard
@@ -61,7 +61,8 @@ class DataConfig:
     # Samples (one per answer) to write in total; the last batch is written whole, so a run
     # may end a little past it (cutting a batch would make a resumed run differ from one run).
     num_samples: int = 2000
-    # Seeds per batch; each stage of a batch is one batched HF generate, each batch one shard.
+    # Seeds per batch, each batch one shard. HF engine: each stage of a batch is one batched generate;
+    # batch engine: up to PIPELINE_DEPTH batches in flight, their rows sharing forwards.
     batch_size: int = 64
     # chat | continuation | auto (chat when the tokenizer has a chat template, else continuation).
     recipe: str = "auto"
@@ -303,6 +304,11 @@ class _BatchWriter(_Writer):
         # blocks on AMX tiles: rows cost little, so the greedy rows left at a stage's end draft more
         # (drafts never change a greedy row, and sampled rows are not drafted: the same set)
         self.config = BatchConfig(max_rows=BATCH_ROWS_MAX, **({"draft_rows": AMX_DRAFT_ROWS} if amx else {}))
+
+    def generate(self, rows: list[list[int]], max_new: int, temperature: float) -> list[list[int]]:
+        """One generation alone through mtpspec's loop, its seeds from torch's global generator."""
+        return batch_generate(self.target, rows, max_new, temperature, TOP_P, self.stop_ids, self.head, self.k,
+                              self.config)
 
     def batches(self, start: Callable[[int], tuple[int, Stages] | None]) -> Iterator[tuple[list[Sample], list[str]]]:
         """`_Writer.batches` with up to `depth` batches in flight, their rows in one `RowPool`. What
