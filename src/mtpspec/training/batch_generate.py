@@ -23,6 +23,7 @@ with, this changes no token, only how full each forward is.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +66,7 @@ class RowPool:
         self.top_p, self.stop_ids, self.head, self.k = top_p, stop_ids, head, k
         self.max_running = max_running
         self.batch = Batch(target, config or BatchConfig(max_rows=BATCH_ROWS_MAX))
-        self.pending: list[tuple[Job, int]] = []  # rows not yet in the batch, oldest first
+        self.pending: deque[tuple[Job, int]] = deque()  # rows not yet in the batch, oldest first
         self.live: dict[int, tuple[Job, int]] = {}  # id(slot) -> (job, row)
 
     def submit(self, rows: list[list[int]], max_new: int, temperature: float,
@@ -74,7 +75,7 @@ class RowPool:
         global generator), whether they sample or not, so that each job's draws are fixed."""
         seeds = torch.randint(0, 2**62, (len(rows),), generator=generator).tolist()
         job = Job(rows, max_new, temperature, seeds, [[] for _ in rows], len(rows))
-        self.pending += [(job, i) for i in range(len(rows))]
+        self.pending.extend((job, i) for i in range(len(rows)))
         return job
 
     @property
@@ -84,7 +85,7 @@ class RowPool:
     def step(self) -> None:
         """Fill the batch from the queue, then one forward; finished rows leave with their ids."""
         while self.pending and len(self.live) < self.max_running:
-            job, i = self.pending.pop(0)
+            job, i = self.pending.popleft()
             greedy = job.temperature <= 0
             sampling = SamplingConfig() if greedy else SamplingConfig(temperature=job.temperature, top_p=self.top_p,
                                                                       top_k=0, seed=job.seeds[i])
