@@ -199,11 +199,61 @@ def test_a_batch_on_quantized_blocks_equals_plain_decoding(qtype):
         assert got[i] == mtpspec.generate(t, None, p, 8, num_draft_tokens=0).sequences[0, p.shape[1]:].tolist()
 
 
+def test_prompts_that_share_a_prefix_copy_it_and_decode_as_alone(target):
+    """A request whose prompt begins with what another (running or finished and kept) has
+    committed copies those keys and values instead of prefilling them: greedy and seeded
+    sampled outputs equal each request alone, and the copies did happen."""
+    head = _head(target)
+    g = torch.Generator().manual_seed(3)
+    common = torch.randint(0, target.vocab_size, (1, 30), generator=g)
+    firsts = [torch.cat([common, torch.randint(0, target.vocab_size, (1, 2 + 5 * i), generator=g)], 1) for i in range(4)]
+    firsts.append(firsts[2].clone())  # the same prompt twice: all but its last id copied
+    sampled = SamplingConfig(temperature=1.0, seed=4)
+
+    def alone(ids: torch.Tensor, n: int, sampling: SamplingConfig | None) -> list[int]:
+        kw = dict(temperature=1.0, seed=sampling.seed) if sampling else {}
+        out = mtpspec.generate(target, head, ids, n, num_draft_tokens=2 if sampling else 0, **kw)
+        return out.sequences[0, ids.shape[1]:].tolist()
+
+    batch = Batch(target, BatchConfig(max_rows=24, prefill_rows=8, prefix_keep=5))
+    reqs = [dict(input_ids=p, max_new_tokens=8, drafter=head, k=2, sampling=sampled if i == 1 else None)
+            for i, p in enumerate(firsts)]
+    got = _run(batch, reqs)
+    for i, r in enumerate(reqs):
+        assert got[i] == alone(r["input_ids"], 8, r["sampling"]), i
+    first_round = batch.reused_tokens
+    assert first_round >= 30, "the later prompts found the common prefix of the running ones"
+    # follow-ups: a finished request's prompt and answer, then more (its kept cache is read)
+    follow = [torch.cat([firsts[i], torch.tensor([got[i]]), torch.randint(0, target.vocab_size, (1, 3), generator=g)], 1)
+              for i in (0, 3)]
+    reqs2 = [dict(input_ids=p, max_new_tokens=6, drafter=head, k=2) for p in follow]
+    got2 = _run(batch, reqs2, seed=1)
+    for i, r in enumerate(reqs2):
+        assert got2[i] == alone(r["input_ids"], 6, None), i
+    assert batch.reused_tokens - first_round >= sum(p.shape[1] - 4 for p in follow)
+
+
+def test_a_cache_copy_from_another_model_or_beyond_its_length_is_refused(target):
+    from mtpspec.core.cache import KVCache
+    mine = target.new_cache(64)
+    N, Hk, _, hd = mine.keys.shape
+    other = KVCache(keys=torch.zeros(N, Hk, 64, hd + 2), values=torch.zeros(N, Hk, 64, hd + 2), length=10)
+    with pytest.raises(mtpspec.InputError, match="same target"):
+        mine.copy_prefix(other, 5)
+    short = target.new_cache(64)
+    short.length = 3
+    with pytest.raises(mtpspec.InputError, match="same target"):
+        mine.copy_prefix(short, 5)
+
+
 def test_the_torch_engine_runs_a_batch_one_sequence_after_another():
     t = mtpspec.Target(tiny_model("llama"), engine="torch")
     head = _head(t)
     prompts = _prompts(4, t.vocab_size, seed=8)
-    got = _run(Batch(t), [dict(input_ids=p, max_new_tokens=7, drafter=head, k=2) for p in prompts])
+    prompts.append(prompts[0].clone())  # a shared prompt: the torch engine prefills it again (never copies)
+    batch = Batch(t, BatchConfig(prefix_keep=4))
+    got = _run(batch, [dict(input_ids=p, max_new_tokens=7, drafter=head, k=2) for p in prompts])
+    assert batch.reused_tokens == 0
     for i, p in enumerate(prompts):
         assert got[i] == mtpspec.generate(t, None, p, 7, num_draft_tokens=0).sequences[0, p.shape[1]:].tolist()
 

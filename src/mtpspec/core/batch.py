@@ -24,6 +24,7 @@ Letters: R rows of one forward, k drafts of a request's round.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ import torch
 
 from ..config import AcceptanceConfig, SamplingConfig
 from ..errors import InputError
+from .cache import KVCache
 from .decode import DecodeState, Round, Verify, conclude, finish_prefill, open_state, prepare, round_k
 from .draft import Drafter, DraftInput
 from .fused import SeqRows
@@ -63,6 +65,14 @@ class BatchConfig:
     # request sampled with a seed always drafts its own k, so that its draws do not depend on
     # the load.
     draft_rows: int | None = 6
+    # Prompt prefixes computed once: a request that joins copies the keys and values of the
+    # longest prefix its prompt shares with a running request's committed text or with one of
+    # the last `prefix_keep` finished requests' (their caches are kept that long; 0 keeps none,
+    # running requests are still read), and prefills only the rest. Exact on the fused engine,
+    # which computes every row on its own over the slots it is given: the copied slots are the
+    # ones the request's own prefill would write (the torch engine never copies). Memory: a
+    # kept cache is the finished request's own (prompt + max_new_tokens slots).
+    prefix_keep: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_rows <= BATCH_ROWS_MAX:
@@ -70,6 +80,8 @@ class BatchConfig:
                              f"got {self.max_rows}.")
         if not 1 <= self.prefill_rows <= self.max_rows:
             raise InputError(f"prefill_rows must be in 1..max_rows ({self.max_rows}), got {self.prefill_rows}.")
+        if self.prefix_keep < 0:
+            raise InputError(f"prefix_keep must be >= 0 (0: keep no finished request's cache), got {self.prefix_keep}.")
         if self.draft_rows is not None and self.draft_rows < 1:
             raise InputError(f"draft_rows must be >= 1 (or None: no load-dependent k), got {self.draft_rows}.")
 
@@ -84,6 +96,7 @@ class Slot:
     k: int
     prefilled: int = 0
     joined_s: float = field(default_factory=time.perf_counter)
+    reused: int = 0  # prompt positions copied from another request's cache (`BatchConfig.prefix_keep`)
 
     @property
     def running(self) -> bool:
@@ -115,6 +128,9 @@ class Batch:
         self.slots: list[Slot] = []  # in arrival order
         self._turn = 0  # round robin: the running request that goes first next step
         self.rows_last = 0  # rows of the last step's forward
+        # Finished requests' committed ids and caches, newest last (BatchConfig.prefix_keep)
+        self._kept: deque[tuple[list[int], KVCache]] = deque(maxlen=self.config.prefix_keep or None)
+        self.reused_tokens = 0  # prompt positions copied instead of prefilled, over the batch's life
 
     def add(self, input_ids: torch.Tensor, max_new_tokens: int = 128, drafter: Drafter | None = None, k: int = 0,
             sampling: SamplingConfig | None = None, eos_token_id: int | Sequence[int] | None = None,
@@ -130,12 +146,34 @@ class Batch:
         state = open_state(self.target, input_ids, max_new_tokens, layers, sampling, eos_token_id, k, acceptance)
         round_k(state, drafter, k)  # refuses a k the kernels were not checked for, before the request joins
         slot = Slot(state=state, drafter=drafter, k=k)
+        if self.target.engine == "fused":
+            self._reuse_prefix(slot)
         self.slots.append(slot)
         return slot
 
     def remove(self, slot: Slot) -> None:
-        """A request leaves (done, or cancelled): its cache is freed with it."""
+        """A request leaves (done, or cancelled): its cache is freed with it, or kept for its
+        prefix (`BatchConfig.prefix_keep`)."""
         self.slots.remove(slot)
+        if self.config.prefix_keep and slot.state.cache.length:
+            self._kept.append((_committed(slot), slot.state.cache))
+
+    def _reuse_prefix(self, slot: Slot) -> None:
+        """Copy into the new request's cache the longest prefix of its prompt (all but its last
+        id, whose row gives the first token) that a running request or a kept finished one has
+        committed, newest first; the batch then prefills only the rest."""
+        prompt = slot.state.tokens[0].tolist()
+        best, source = 0, None
+        candidates = [(_committed(s), s.state.cache) for s in reversed(self.slots)] + list(reversed(self._kept))
+        for ids, cache in candidates:
+            n = _shared_prefix(prompt, ids)
+            if n > best:
+                best, source = n, cache
+        n = min(best, len(prompt) - 1)
+        if n > 0 and source is not None:
+            slot.state.cache.copy_prefix(source, n)
+            slot.prefilled = slot.reused = n
+            self.reused_tokens += n
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -237,3 +275,25 @@ class Batch:
             for (s, _), d in zip(group, got):
                 drafts[id(s)] = d
         return [prepare(s.drafter, s.state, k, drafts.get(id(s))) for s, k in chosen]  # type: ignore[arg-type]
+
+
+def _committed(slot: Slot) -> list[int]:
+    """The ids whose keys and values are in the request's cache (between steps: its prompt as
+    far as prefilled, or its prompt and every emitted id but the last)."""
+    return slot.state.tokens[0, : slot.state.cache.length].tolist()
+
+
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of a and b (slice compares run in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    if hi == 0 or a[0] != b[0]:
+        return 0
+    if a[:hi] == b[:hi]:
+        return hi
+    while hi - lo > 1:  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -130,6 +130,22 @@ class KVCache:
             self._views()
         self._planes, self._synced = None, 0
 
+    def copy_prefix(self, src: KVCache, n: int) -> None:
+        """Slots 0..n-1 copied from `src`, a cache of the same target, and everything after them
+        dropped (length n). Where the forward computes every row on its own and attends only the
+        slots it is given (the fused engine), these are the keys and values this cache's own
+        forward over the same n tokens would have written, bit for bit."""
+        dst_t, src_t = self._bulk(), src._bulk()
+        shapes = [(t.shape[0], *t.shape[-3:-2], t.shape[-1]) for t in dst_t]  # (n, Hk, hd) per store
+        if shapes != [(t.shape[0], *t.shape[-3:-2], t.shape[-1]) for t in src_t] or not 0 <= n <= min(src.length, self.capacity):
+            raise InputError(f"copy_prefix: {n} slots from a cache of {src.length} committed slots and stores "
+                             f"{[tuple(t.shape) for t in src_t]} into one of {self.capacity} slots and stores "
+                             f"{[tuple(t.shape) for t in dst_t]}: they must come from the same target.")
+        for d, t in zip(dst_t, src_t):  # (n, Hk, S, hd) each
+            d[..., :n, :] = t[..., :n, :]
+        self.length = n
+        self._synced = 0
+
     def truncate(self, length: int) -> None:
         """Drop every slot from `length` on (a chain's rejected drafts)."""
         self.keep(length, [])

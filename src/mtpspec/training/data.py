@@ -44,7 +44,7 @@ from ..core.batch import AMX_DRAFT_ROWS, BATCH_ROWS_MAX, BatchConfig
 from ..core.drafters import default_k
 from ..core.target import Target
 from ..errors import DataError, InputError
-from .batch_generate import GENERATION, Job, RowPool, batch_generate
+from .batch_generate import GENERATION, PREFIX_KEEP, Job, RowPool, batch_generate
 from .everyday import everyday_request
 from .fast_generate import NucleusSampler, attention_implementation, generation, length_buckets
 from .shards import read_manifest, save_manifest, shard_path, write_shard
@@ -303,7 +303,10 @@ class _BatchWriter(_Writer):
         self.head, self.k = head, (default_k(head) if head is not None else 0)
         # blocks on AMX tiles: rows cost little, so the greedy rows left at a stage's end draft more
         # (drafts never change a greedy row, and sampled rows are not drafted: the same set)
-        self.config = BatchConfig(max_rows=BATCH_ROWS_MAX, **({"draft_rows": AMX_DRAFT_ROWS} if amx else {}))
+        # and prompts that begin as an earlier row did (the chat template, a task's instructions, a
+        # follow-up's conversation so far) copy that row's keys and values (exact: the same set)
+        self.config = BatchConfig(max_rows=BATCH_ROWS_MAX, prefix_keep=PREFIX_KEEP,
+                                  **({"draft_rows": AMX_DRAFT_ROWS} if amx else {}))
 
     def generate(self, rows: list[list[int]], max_new: int, temperature: float) -> list[list[int]]:
         """One generation alone through mtpspec's loop, its seeds from torch's global generator."""
