@@ -601,18 +601,48 @@ static int amx_parts(const Mat *w, int I) {
     return which;
 }
 
+/* r[i] lane j <- r[j] lane i: a 16 x 16 transpose of 32-bit lanes (fp32 sums, or pairs of bf16
+ * moved as one dword), data movement only */
+static inline __attribute__((always_inline)) void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88), r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+}
+
 /* the parts of w in `which`; xv: scratch of (ceil(R / 16) * 16) * I bf16, shared by the threads */
 static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *y, bf16 *xv, int which) {
     const int N = R < 16 ? R : 16, ncb = (R + 15) / 16, K2 = I / 2;
 #pragma omp for schedule(static)
-    for (int cb = 0; cb < ncb; cb++) /* x^T in pairs along k (the VNNI layout): [cb][k / 2][n][2] */
-        for (int k2 = 0; k2 < K2; k2++)
-            for (int n = 0; n < N; n++) {
-                const int r = cb * 16 + n;
-                bf16 *d = xv + (((size_t)cb * K2 + k2) * N + n) * 2;
-                d[0] = r < R ? x[(size_t)r * I + 2 * k2] : 0;
-                d[1] = r < R ? x[(size_t)r * I + 2 * k2 + 1] : 0;
+    for (int cb = 0; cb < ncb; cb++) { /* x^T in pairs along k (the VNNI layout): [cb][k / 2][n][2] */
+        const int nr = R - cb * 16 < N ? R - cb * 16 : N; /* rows of this column block; the rest zero */
+        int k2 = 0;
+        if (N == 16) /* 16 rows x 16 pairs at a time, transposed in registers */
+            for (; k2 + 16 <= K2; k2 += 16) {
+                __m512 v[16];
+                for (int n = 0; n < 16; n++)
+                    v[n] = n < nr ? _mm512_castsi512_ps(_mm512_loadu_si512(x + (size_t)(cb * 16 + n) * I + 2 * k2)) : _mm512_setzero_ps();
+                transpose16(v);
+                for (int j = 0; j < 16; j++) _mm512_storeu_ps(xv + ((size_t)cb * K2 + k2 + j) * 32, v[j]);
             }
+        for (; k2 < K2; k2++)
+            for (int n = 0; n < N; n++) {
+                bf16 *d = xv + (((size_t)cb * K2 + k2) * N + n) * 2;
+                d[0] = n < nr ? x[(size_t)(cb * 16 + n) * I + 2 * k2] : 0;
+                d[1] = n < nr ? x[(size_t)(cb * 16 + n) * I + 2 * k2 + 1] : 0;
+            }
+    }
     TileConfig cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -621,9 +651,20 @@ static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *
         cfg.colsb[t] = t == 4 || t == 5 ? 64 : N * 4; /* 0-3: y tiles, 4-5: w tiles, 6: x tile */
     }
     _tile_loadconfig(&cfg);
-    int nb[3] = {0, 0, 0}, blocks = 0, quantized = 0;
+    /* Blocks of bt tiles (16 outputs each), shared out between the threads in order: 4 tiles a
+     * block unless 3 or 2 leave the threads less uneven (SmolLM2's 576 outputs: 9 blocks of 4,
+     * 5 against 4 on two threads; 12 of 3, 6 and 6). Each output's sums do not depend on it. */
+    const int nth = omp_get_num_threads();
+    int nb[3] = {0, 0, 0}, blocks = 0, quantized = 0, bt = 4, best = -1;
+    for (int c = 4; c >= 2; c--) {
+        int nblk = 0;
+        for (int p = 0; p < w->nparts; p++)
+            if (which >> p & 1) nblk += (w->part[p].rows / 16 + c - 1) / c;
+        const int most = (nblk + nth - 1) / nth * c; /* tiles of the busiest thread, at most */
+        if (best < 0 || most < best) best = most, bt = c;
+    }
     for (int p = 0; p < w->nparts; p++)
-        if (which >> p & 1) blocks += nb[p] = (w->part[p].rows + 63) / 64, quantized |= w->part[p].type != Q_DENSE;
+        if (which >> p & 1) blocks += nb[p] = (w->part[p].rows / 16 + bt - 1) / bt, quantized |= w->part[p].type != Q_DENSE;
     /* A quantized part's chunk: 64 inputs up to 16 rows, AMX_KC beyond (where the tiles are stored
      * and loaded back between chunks); two buffers used in turn, the next chunk dequantized before
      * the tiles read this one (measured faster than reading what was just written) */
@@ -635,7 +676,7 @@ static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *
         int p = 0, ob = b, o_part = 0; /* the block's part, its index there, the part's first output */
         while (ob >= nb[p]) ob -= nb[p], o_part += w->part[p].rows, p++;
         const Part *P = &w->part[p];
-        const int o0 = ob * 64, nt = P->rows - o0 >= 64 ? 4 : (P->rows - o0) / 16, dense = P->type == Q_DENSE;
+        const int o0 = ob * 16 * bt, nt = P->rows - o0 >= 16 * bt ? bt : (P->rows - o0) / 16, dense = P->type == Q_DENSE;
         const int KC = dense ? I : KQ;
         const long as = (long)(dense ? I : KQ) * 2;             /* bytes between the w tiles' rows */
         const size_t at = (size_t)16 * (dense ? I : KQ); /* elements between the w tiles */
@@ -682,9 +723,18 @@ static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *
                 if (nt > 1) _tile_stored(1, c[1], N * 4);
                 if (nt > 2) _tile_stored(2, c[2], N * 4);
                 if (nt > 3) _tile_stored(3, c[3], N * 4);
-                for (int t = 0; t < nt; t++)
-                    for (int n = 0; n < N && cb * 16 + n < R; n++)
-                        for (int i = 0; i < 16; i++) y[(size_t)(cb * 16 + n) * O + o_part + o0 + 16 * t + i] = c[t][i * N + n];
+                const int nr = R - cb * 16 < N ? R - cb * 16 : N; /* rows of this column block */
+                for (int t = 0; t < nt; t++) {
+                    float *yt = y + (size_t)cb * 16 * O + o_part + o0 + 16 * t; /* row cb * 16, output o0 + 16 t */
+                    if (N == 16) { /* tile t is 16 outputs x 16 rows: transposed in registers, a row's 16 sums stored at once */
+                        __m512 v[16];
+                        for (int i = 0; i < 16; i++) v[i] = _mm512_loadu_ps(c[t] + i * 16);
+                        transpose16(v);
+                        for (int n = 0; n < nr; n++) _mm512_storeu_ps(yt + (size_t)n * O, v[n]);
+                    } else
+                        for (int n = 0; n < nr; n++)
+                            for (int i = 0; i < 16; i++) yt[(size_t)n * O + i] = c[t][i * N + n];
+                }
             }
         }
     }
