@@ -26,6 +26,7 @@ from transformers.generation.logits_process import (
 import mtpspec
 from mtpspec import Draft, HeadConfig, MTPHead, SamplingConfig, Target
 from mtpspec.core.draft_model import DraftModelDrafter
+from mtpspec.core import sampling
 from mtpspec.core.drafters import HybridDrafter, RoundCosts, TreeConfig, TreeDrafter
 from mtpspec.core.sampling import probs_from_logits
 
@@ -258,3 +259,35 @@ def test_probs_from_logits_matches_hf_warpers(temperature, top_k, top_p, ties):
     ours = probs_from_logits(logits, SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p))
     torch.testing.assert_close(ours, scores.softmax(-1), atol=1e-6, rtol=0)
     assert torch.equal(ours == 0, scores.softmax(-1) == 0)  # the same tokens are cut
+
+
+@pytest.mark.parametrize("shape", [(50,), (3, 50), (1, 4097), (2, 49_152)])
+def test_multinomial_draws_what_torch_draws_and_leaves_the_generator_alike(shape):
+    """`sampling.multinomial` computes only the nucleus's Exp(1) variates: each draw, and the
+    generator's state after it, equal torch.multinomial's, from fresh seeds and from states
+    part-way through the twister's 624 words (the draws before move it), with tokens at p = 0."""
+    g = torch.Generator().manual_seed(sum(shape))
+    for trial in range(12):
+        probs = torch.rand(shape, generator=g) ** 4
+        if trial % 3:
+            probs = probs * (torch.rand(shape, generator=g) < 0.05)  # a nucleus: most tokens at 0
+            probs.view(-1, shape[-1])[:, trial] += 0.1  # every row keeps one
+        probs = probs / probs.sum(-1, keepdim=True)
+        ours, theirs = torch.Generator().manual_seed(trial), torch.Generator().manual_seed(trial)
+        for gen in (ours, theirs):
+            torch.rand(trial * 97, generator=gen)  # the same draws before, any position in the state
+        for _ in range(3):
+            a = sampling.multinomial(probs, ours)
+            b = torch.multinomial(probs, 1, generator=theirs)
+            assert torch.equal(a, b), trial
+            assert torch.equal(ours.get_state(), theirs.get_state()), trial
+        assert torch.equal(torch.rand(5, generator=ours), torch.rand(5, generator=theirs))
+
+
+def test_multinomial_leaves_what_it_cannot_read_to_torch():
+    probs = torch.tensor([[0.2, 0.8], [0.5, 0.5]])
+    g = torch.Generator().manual_seed(0)
+    assert sampling.multinomial(probs.t(), g).shape == (2, 1)  # not contiguous: torch draws
+    assert sampling.multinomial(probs.double(), g).shape == (2, 1)
+    with pytest.raises(RuntimeError):
+        sampling.multinomial(torch.tensor([0.0, 0.0]), g)  # torch's own error

@@ -17,7 +17,7 @@ import torch
 from ..config import AcceptanceConfig, SamplingConfig
 from .draft import Draft
 from .relaxed import relaxed_passes
-from .sampling import probs_from_logits
+from .sampling import multinomial, probs_from_logits
 from .tree import children
 
 
@@ -105,7 +105,7 @@ def accept_speculative(
     u = torch.rand(K, generator=generator, device=p.device, dtype=p.dtype)  # (K,)
     rejected = (u >= accept).nonzero()  # u in [0, 1): P(u < a) = a
     n = int(rejected[0, 0]) if rejected.numel() else K
-    nxt = torch.multinomial(next_dist[n], 1, generator=generator)
+    nxt = multinomial(next_dist[n], generator)
     return n, int(nxt)
 
 
@@ -186,7 +186,7 @@ def accept_speculative_tree(
                 path.append(c)
                 break
         else:
-            nxt = torch.multinomial(next_dist[path[-1]], 1, generator=generator)
+            nxt = multinomial(next_dist[path[-1]], generator)
             return path, int(nxt)
 
 
