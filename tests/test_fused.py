@@ -232,3 +232,38 @@ def test_sliding_windows_and_nope_layers_run_as_the_torch_path_does(family, each
     oracle = OracleDrafter(plain.sequences[0].tolist(), vocab=97, seed=1)
     out = mtpspec.generate(fast, oracle, ids[:, :5], max_new_tokens=30, num_draft_tokens=5, eos_token_id=[])
     assert torch.equal(out.sequences, plain.sequences)
+
+
+def test_rotary_tables_kept_per_run_of_positions_are_the_ones_computed_alone(each_dtype):
+    """`FusedForward._rope` keeps a run of positions' (cos, sin): asked again, it returns what the
+    model's rotary call gives for those positions alone; a rotary type that rescales with the
+    length seen is computed every time."""
+    t = mtpspec.Target(tiny_model("llama").to(each_dtype))
+    ff = fused.FusedForward(t)
+    x = torch.zeros(1, t.hidden_size, dtype=each_dtype)
+    for positions in (torch.arange(5, 6), torch.arange(40, 44), torch.tensor([3, 4, 4, 5])):
+        cos, sin = t.rope_table(positions[None], x)
+        for _ in range(2):  # computed, then (a run) kept
+            c, s = ff._rope(positions, x)
+            assert torch.equal(c, cos[0].to(each_dtype)) and torch.equal(s, signed_sin(sin[0]).to(each_dtype))
+    assert (40, 4) in ff._rope_cache and len(ff._rope_cache) == 2  # the tree's positions are not a run
+    t.rotary_emb.rope_type = "dynamic"
+    ff._rope_cache.clear()
+    ff._rope(torch.arange(7, 9), x)
+    assert not ff._rope_cache
+
+
+def test_the_forward_finds_each_rows_argmax_as_torch_does(each_dtype):
+    """The fused forward's argmax of each logits row (found while the logits are finished) is
+    torch's: the first of equal largest logits (tokens given the same LM-head row tie exactly)."""
+    model = tiny_model("llama").to(each_dtype)
+    with torch.no_grad():
+        w = model.lm_head.weight
+        i = torch.arange(w.shape[0])
+        w[:, :] = w[torch.where(i // 16 % 2 == 1, i - 16, i)]  # token i + 16 shares i's row (i // 16 even): all tied
+    t = mtpspec.Target(model)
+    assert t.engine == "fused"
+    ids = torch.randint(0, t.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
+    out = t.forward(ids, t.new_cache(64))
+    assert out.choice is not None and torch.equal(out.choice, out.logits[0].argmax(-1))
+    assert bool((out.choice // 16 % 2 == 0).all())  # the first of each tied pair (16 apart: the same vector lane)

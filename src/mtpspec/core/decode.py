@@ -227,7 +227,8 @@ def conclude(state: DecodeState, drafter: Drafter | None, v: Verify, out: Target
     """Accept the longest agreeing path plus the target's own next token; roll the cache back to
     that path; continue from the features of its last row, which the verify pass computed.
     `p`: the target's law over the verify rows, if already computed (sampling)."""
-    path, nxt = accept(v.draft, out.logits[0], state.sampling, state.generator, state.acceptance, p)  # rows, root first
+    path, nxt = accept(v.draft, out.logits[0], state.sampling, state.generator, state.acceptance, p,
+                       out.choice)  # rows, root first
     state.cache.keep(v.start, path)
     state.hidden = out.hidden[:, path[-1]]  # (1, F)
     accepted = [int(t) for t in v.rows[0, path[1:]]] + [nxt]

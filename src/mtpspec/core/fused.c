@@ -1205,7 +1205,7 @@ typedef struct {
  * order (index N: the final normed rows). logits (nlog, V) fp32 for rows log_rows[0..nlog-1]. */
 void fused_forward_seqs(const Model *m, int nseq, const Seq *seqs, elem *x, int T, const int *pos,
                         const elem *cos, const elem *sin, int nfeat, const int *feat_layers, elem *feats,
-                        int nlog, const int *log_rows, float *logits, int nthreads) {
+                        int nlog, const int *log_rows, float *logits, int *argmax, int nthreads) {
     const int D = m->D, H = m->H, Hk = m->Hk, hd = m->hd, M = m->M;
     const int Q = (H + 2 * Hk) * hd;
     const int wide = Q > 2 * M ? Q : 2 * M;
@@ -1287,6 +1287,25 @@ void fused_forward_seqs(const Model *m, int nseq, const Seq *seqs, elem *x, int 
                     for (int c = 0; c < chunks; c++) /* elem logits (+ bias), kept as fp32, in place */
                         _mm512_mask_storeu_ps(logits + (size_t)r * V + 16 * c, m16(V - 16 * c),
                                               biased(logits + (size_t)r * V + 16 * c, m->lm_b ? m->lm_b + 16 * c : NULL, V - 16 * c));
+            }
+            if (argmax) { /* each row's first largest logit, as torch's argmax picks it; -1 where a NaN is */
+#pragma omp for schedule(static)
+                for (int r = 0; r < nlog; r++) {
+                    const float *lr = logits + (size_t)r * V;
+                    __m512 best = _mm512_set1_ps(-INFINITY);
+                    __m512i at = _mm512_setzero_si512(), idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+                    __mmask16 nan = 0;
+                    for (int c = 0; c < chunks; c++, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(16))) {
+                        const __mmask16 k = m16(V - 16 * c);
+                        const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, lr + 16 * c);
+                        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+                        const __mmask16 gt = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ); /* strictly: a lane keeps its first */
+                        best = _mm512_mask_mov_ps(best, gt, v);
+                        at = _mm512_mask_mov_epi32(at, gt, idx);
+                    }
+                    const __mmask16 top = _mm512_cmp_ps_mask(best, _mm512_set1_ps(_mm512_reduce_max_ps(best)), _CMP_EQ_OQ);
+                    argmax[r] = nan ? -1 : _mm512_mask_reduce_min_epi32(top, at);
+                }
             }
         }
     }

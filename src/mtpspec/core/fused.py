@@ -68,6 +68,11 @@ BUILDS = {
 FAMILIES = ("llama", "qwen2", "mistral", "phi3", "smollm3")
 _P = ctypes.c_void_p
 
+# HF rotary types whose (cos, sin) depend on the positions alone (not on the longest seen), so
+# that `FusedForward._rope` may keep them; and how many runs of positions it keeps.
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+ROPE_CACHE = 4096
+
 
 class _Model(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int) for n in ("n_layers", "D", "H", "Hk", "hd", "M", "V")] + [
@@ -106,7 +111,7 @@ def _library(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, i
     if so is None:
         return None, 0, why
     so.fused_forward_seqs.argtypes = [ctypes.POINTER(_Model), ctypes.c_int, ctypes.POINTER(_Seq), _P, ctypes.c_int, _P,
-                                      _P, _P, ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, ctypes.c_int]
+                                      _P, _P, ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, _P, ctypes.c_int]
     so.fused_forward_seqs.restype = None
     so.fused_matmul.argtypes = [_P, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P, ctypes.c_int]
     so.fused_matmul.restype = None
@@ -254,6 +259,7 @@ class FusedForward:
 
     def __init__(self, target: Target):
         self.target = target
+        self._rope_cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (first position, T) -> tables
         weights = target.weights()
         Ls = list(weights.layers)  # pre-norm layers (`unsupported`): attn_norm and mlp_norm are set
         self.pointers = W = _Pointers(target.dtype)
@@ -276,9 +282,31 @@ class FusedForward:
         """False once any weight read here was given new data (`param.data = ...`, a cast)."""
         return self.pointers.current()
 
-    def many(self, seqs: list[SeqRows], hidden_layers: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _rope(self, positions: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin) at (T,) positions, (T, hd) each in the compute dtype: HF's rotary table
+        for exactly these positions, as computed alone. Kept per run of positions (a decoding
+        sequence asks the same few again and again: SmolLM2's rotary call costs ~40 us) where
+        the table depends on the positions only (`STATIC_ROPE`; a dynamic one rescales with the
+        length seen)."""
+        tgt, dt = self.target, self.target.dtype
+        T = int(positions.shape[0])
+        static = getattr(tgt.rotary_emb, "rope_type", None) in STATIC_ROPE
+        key = (int(positions[0]), T) if static and T and int(positions[-1]) - int(positions[0]) == T - 1 else None
+        if key is not None and (hit := self._rope_cache.get(key)) is not None:
+            return hit
+        cos, sin = tgt.rope_table(positions[None], x)  # (1, T, hd) each
+        got = cos[0].to(dt), signed_sin(sin[0]).to(dt)
+        if key is not None:
+            if len(self._rope_cache) >= ROPE_CACHE:
+                self._rope_cache.clear()
+            self._rope_cache[key] = got
+        return got
+
+    def many(self, seqs: list[SeqRows], hidden_layers: tuple[int, ...]
+             ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
         """The rows of several sequences in one forward (`Target.forward_many`), each over its own
-        cache: per sequence (logits (1, Tk, V) float32, hidden (1, T, F)), what it would get alone."""
+        cache: per sequence (logits (1, Tk, V) float32, hidden (1, T, F), each logits row's argmax
+        (Tk,) or None), what it would get alone."""
         tgt = self.target
         so = _loaded(tgt.dtype)[0]
         assert so is not None
@@ -291,12 +319,8 @@ class FusedForward:
         T = sum(Ts)
         ids = torch.cat([sq.input_ids for sq in seqs], 1)  # (1, T)
         x = tgt.embed_tokens(ids)[0].to(dt).contiguous()  # (T, D): a fresh tensor, written in place
-        cos_l, sin_l = [], []
-        for sq in seqs:  # each sequence's table as it would be computed alone
-            cos, sin = tgt.rope_table(sq.positions[None], x)  # (1, T_s, hd) each
-            cos_l.append(cos[0].to(dt))
-            sin_l.append(signed_sin(sin[0]).to(dt))
-        cos, sin = torch.cat(cos_l).contiguous(), torch.cat(sin_l).contiguous()  # (T, hd) each
+        tables = [self._rope(sq.positions, x) for sq in seqs]  # each sequence's table as it would be computed alone
+        cos, sin = torch.cat([c for c, _ in tables]).contiguous(), torch.cat([s for _, s in tables]).contiguous()  # (T, hd) each
         pos = torch.cat([sq.positions for sq in seqs]).to(torch.int32).contiguous()
         structs, log_rows, row0 = (_Seq * len(seqs))(), [], 0
         for i, (sq, Ts_i) in enumerate(zip(seqs, Ts)):
@@ -315,16 +339,21 @@ class FusedForward:
         feats = x.new_empty(len(want), T, x.shape[1])  # (nf, T, D)
         rows = torch.tensor(log_rows, dtype=torch.int32)
         logits = torch.empty(len(log_rows), tgt.vocab_size, dtype=torch.float32)  # (sum Tk, V)
+        # each row's argmax, found while the logits are finished (where nothing changes them after)
+        choice = torch.empty(len(log_rows), dtype=torch.int32) if tgt.finish_logits_is_identity else None
         so.fused_forward_seqs(ctypes.byref(self.model), len(seqs), structs, x.data_ptr(), T, pos.data_ptr(),
                               cos.data_ptr(), sin.data_ptr(), len(want), fl.data_ptr(), feats.data_ptr(),
-                              len(log_rows), rows.data_ptr(), logits.data_ptr(), torch.get_num_threads())
+                              len(log_rows), rows.data_ptr(), logits.data_ptr(),
+                              None if choice is None else choice.data_ptr(), torch.get_num_threads())
         logits = tgt.finish_logits(logits)
+        if choice is not None and bool((choice < 0).any()):
+            choice = None  # a NaN: torch's argmax decides
         out, row0, l0 = [], 0, 0
         for sq, Ts_i in zip(seqs, Ts):
             sq.cache.length += Ts_i
             Tk = sq.logits_to_keep or Ts_i
             hidden = torch.cat([feats[want.index(i % n_feat), row0:row0 + Ts_i] for i in hidden_layers], -1)[None]  # (1, T_s, F)
-            out.append((logits[l0:l0 + Tk][None], hidden))
+            out.append((logits[l0:l0 + Tk][None], hidden, None if choice is None else choice[l0:l0 + Tk].long()))
             row0, l0 = row0 + Ts_i, l0 + Tk
         return out
 

@@ -122,6 +122,7 @@ class TargetIdentity:
 class TargetStep:
     logits: torch.Tensor  # (1, T_keep, V) float32
     hidden: torch.Tensor  # (1, T, F) the head's input features, F = D * len(hidden_layers)
+    choice: torch.Tensor | None = None  # (T_keep,) each logits row's argmax, where the forward found it
 
 
 NormFn = Callable[[torch.Tensor], torch.Tensor]
@@ -480,6 +481,11 @@ class Target:
         e = self.embed(ids)
         return e if self.embedding_multiplier == 1.0 else e * self.embedding_multiplier
 
+    @property
+    def finish_logits_is_identity(self) -> bool:
+        """Whether `finish_logits` leaves the LM head's outputs as they are."""
+        return self.logits_scaling == 1.0 and self.final_softcap is None
+
     def finish_logits(self, z: torch.Tensor) -> torch.Tensor:
         """Raw LM-head outputs (..., V) -> the model's logits: divided by Granite's
         logits_scaling, soft-capped as Gemma 2 does (cap * tanh(z / cap)); elementwise."""
@@ -668,7 +674,7 @@ class Target:
         resolved = [self._resolve(sq) for sq in seqs]
         self._refresh()
         if (run := self._fused_forward()) is not None:
-            return [TargetStep(logits=lg, hidden=h) for lg, h in run.many(resolved, hidden_layers)]
+            return [TargetStep(logits=lg, hidden=h, choice=c) for lg, h, c in run.many(resolved, hidden_layers)]
         return [self._torch_forward(sq.input_ids, sq.cache, hidden_layers, sq.positions, sq.layout, sq.logits_to_keep)
                 for sq in resolved]
 

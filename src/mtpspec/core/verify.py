@@ -22,7 +22,7 @@ from .tree import children
 
 
 def accept_greedy(draft: torch.Tensor, target_logits: torch.Tensor,
-                  passes: torch.Tensor | None = None) -> tuple[int, int]:
+                  passes: torch.Tensor | None = None, choice: torch.Tensor | None = None) -> tuple[int, int]:
     """Greedy verification.
 
     draft: (K,) proposed tokens. target_logits: (K + 1, V), row i is the target's prediction
@@ -30,9 +30,10 @@ def accept_greedy(draft: torch.Tensor, target_logits: torch.Tensor,
     Returns the length n of the longest prefix of `draft` equal to the target's argmax and the
     target's own token after it, argmax(row n), so the output equals plain greedy decoding.
     `passes` (K,): drafts a relaxed rule accepts too (the prefix then need not equal the argmax).
+    `choice` (K + 1,): the rows' argmax if the forward already found it.
     """
     K = draft.shape[0]
-    choice = target_logits.argmax(-1)  # (K + 1,)
+    choice = target_logits.argmax(-1) if choice is None else choice  # (K + 1,)
     miss = choice[:K] != draft  # (K,)
     if passes is not None:
         miss &= ~passes
@@ -110,13 +111,13 @@ def accept_speculative(
 
 
 def accept_greedy_tree(tokens: torch.Tensor, parents: list[int], target_logits: torch.Tensor,
-                       passes: torch.Tensor | None = None) -> tuple[list[int], int]:
+                       passes: torch.Tensor | None = None, choice: torch.Tensor | None = None) -> tuple[list[int], int]:
     """Greedy verification of a draft tree: from the root, follow the child whose token is the
     target's argmax, as long as there is one. target_logits: (M, V), row 0 the root, row i + 1
     draft i. Returns the verify rows of the accepted path (root first) and the target's own
     token after its last row; the output equals plain greedy decoding. `passes` (N,): drafts a
     relaxed rule accepts too; where no child is the argmax, the walk takes the first that passes."""
-    choice = target_logits.argmax(-1).tolist()  # (M,)
+    choice = (target_logits.argmax(-1) if choice is None else choice).tolist()  # (M,)
     toks = tokens.tolist()
     ok = passes.tolist() if passes is not None else [False] * len(toks)
     kids = children(parents)
@@ -192,7 +193,7 @@ def accept_speculative_tree(
 
 def accept(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig,
            generator: torch.Generator | None, acceptance: AcceptanceConfig | None = None,
-           p: torch.Tensor | None = None) -> tuple[list[int], int]:
+           p: torch.Tensor | None = None, choice: torch.Tensor | None = None) -> tuple[list[int], int]:
     """The acceptance rule for this draft and sampling setting: greedy or speculative sampling,
     chain or tree. target_logits: (N + 1, V), row 0 after the last committed token, row i + 1
     after draft i. Returns the verify rows kept (root first: the accepted drafts are rows
@@ -201,13 +202,14 @@ def accept(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig,
     `exact` is the exact rule; a relaxed one also accepts the drafts `relaxed_passes` names,
     each judged against the target's law at its parent's row (softmax of the logits when greedy).
     `p` (N + 1, V): the target's law already computed from these logits (`probs_from_logits`,
-    e.g. for many requests' rows at once), else it is computed here."""
+    e.g. for many requests' rows at once), else it is computed here. `choice` (N + 1,): the
+    rows' argmax, if the forward found it (greedy)."""
     relaxed = acceptance is not None and not acceptance.exact
     if sampling.greedy:
         passes = _greedy_passes(draft, target_logits, acceptance) if relaxed else None  # type: ignore[arg-type]
         if not draft.is_chain:
-            return accept_greedy_tree(draft.tokens, draft.parent_list(), target_logits, passes)
-        n, nxt = accept_greedy(draft.tokens, target_logits, passes)
+            return accept_greedy_tree(draft.tokens, draft.parent_list(), target_logits, passes, choice)
+        n, nxt = accept_greedy(draft.tokens, target_logits, passes, choice)
         return list(range(n + 1)), nxt
     if p is None:
         p = probs_from_logits(target_logits, sampling)  # (N + 1, V)
