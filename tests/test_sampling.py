@@ -25,8 +25,8 @@ from transformers.generation.logits_process import (
 
 import mtpspec
 from mtpspec import Draft, HeadConfig, MTPHead, SamplingConfig, Target
-from mtpspec.core.draft_model import DraftModelDrafter
 from mtpspec.core import sampling
+from mtpspec.core.draft_model import DraftModelDrafter
 from mtpspec.core.drafters import HybridDrafter, RoundCosts, TreeConfig, TreeDrafter
 from mtpspec.core.sampling import probs_from_logits
 
