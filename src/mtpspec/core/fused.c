@@ -1055,6 +1055,9 @@ static inline void attend_task(const Att *A, int H, int Hk, int hd, float scale,
             for (int i0 = 0; i0 < n_old + T; i0 += 16) {
                 /* slots i0 .. i0 + 15 of each row's list: shared while all are committed */
                 if (i0 + 16 <= n_old) {
+                    /* these slots' values, read after the softmax: fetched into L2 now, beside the keys */
+                    for (const char *pv = (const char *)(vh + (size_t)i0 * hd), *pe = pv + (size_t)16 * hd * sizeof(bf16); pv < pe; pv += 64)
+                        _mm_prefetch(pv, _MM_HINT_T1);
                     amx_scores16(kh + (size_t)i0 * hd, hd, qv, nq, hd, tile);
                     for (int j = 0; j < nq; j++) /* column j of the tile: query j's 16 scores */
                         _mm512_storeu_ps(sc + (size_t)j * (S + 16) + i0,
@@ -1080,7 +1083,10 @@ static inline void attend_task(const Att *A, int H, int Hk, int hd, float scale,
 #endif
         {
             const int full = n_old / 16 * 16; /* blocks of 16 committed slots: shared by the chunk's queries */
-            for (int i0 = 0; i0 < full; i0 += 16)
+            for (int i0 = 0; i0 < full; i0 += 16) {
+                /* these slots' values, read after the softmax: fetched into L2 now, beside the keys */
+                for (const char *pv = (const char *)(vh + (size_t)i0 * hd), *pe = pv + (size_t)16 * hd * sizeof(elem); pv < pe; pv += 64)
+                    _mm_prefetch(pv, _MM_HINT_T1);
                 for (int j = 0; j < nq;) {
                     const elem *qj[4];
                     float *sj[4];
@@ -1091,6 +1097,7 @@ static inline void attend_task(const Att *A, int H, int Hk, int hd, float scale,
                     else scores_shared(kh + (size_t)i0 * hd, qj, hd, scale, sj, 1);
                     j += NQ;
                 }
+            }
             for (int j = 0; j < nq; j++) { /* the rest: each row's own list */
                 const int r = rowq[j], n = nslots[j];
                 for (int i0 = full; i0 < n; i0 += 16) {
