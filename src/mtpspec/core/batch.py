@@ -5,7 +5,9 @@ A `Batch` holds requests (`Slot`s) that join at any time and leave when done or 
 `Batch.step` is one target forward (`Target.forward_many`) over the verify rows of the running
 requests (their last token and drafts) and chunks of the prompts still being prefilled; each
 request attends only its own cache. The MTP head drafts for every running request in one fused
-call per draft depth (`MTPHead.propose_many`).
+call per draft depth (`MTPHead.propose_many`). A request that joins copies, instead of prefilling,
+the longest prefix of its prompt that a running request or a recently finished one
+(`BatchConfig.prefix_keep`) holds in its cache: those slots are what its own prefill would write.
 
 Why the outputs do not depend on the company: the fused forward computes every row on its own
 (row invariance, `fused.c`), so a request's rows give, bit for bit, what its own verify pass or
