@@ -98,7 +98,6 @@ class Slot:
     k: int
     prefilled: int = 0
     joined_s: float = field(default_factory=time.perf_counter)
-    reused: int = 0  # prompt positions copied from another request's cache (`BatchConfig.prefix_keep`)
 
     @property
     def running(self) -> bool:
@@ -174,7 +173,7 @@ class Batch:
         n = min(best, len(prompt) - 1)
         if n > 0 and source is not None:
             slot.state.cache.copy_prefix(source, n)
-            slot.prefilled = slot.reused = n
+            slot.prefilled = n
             self.reused_tokens += n
 
     def __len__(self) -> int:

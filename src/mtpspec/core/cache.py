@@ -136,8 +136,10 @@ class KVCache:
         slots it is given (the fused engine), these are the keys and values this cache's own
         forward over the same n tokens would have written, bit for bit."""
         dst_t, src_t = self._bulk(), src._bulk()
-        shapes = [(t.shape[0], *t.shape[-3:-2], t.shape[-1]) for t in dst_t]  # (n, Hk, hd) per store
-        if shapes != [(t.shape[0], *t.shape[-3:-2], t.shape[-1]) for t in src_t] or not 0 <= n <= min(src.length, self.capacity):
+        def stores(ts: list[torch.Tensor]) -> list[tuple[int, ...]]:
+            return [(*t.shape[:-2], t.shape[-1]) for t in ts]  # (n, Hk, hd) per store: all but the slots
+
+        if stores(dst_t) != stores(src_t) or not 0 <= n <= min(src.length, self.capacity):
             raise InputError(f"copy_prefix: {n} slots from a cache of {src.length} committed slots and stores "
                              f"{[tuple(t.shape) for t in src_t]} into one of {self.capacity} slots and stores "
                              f"{[tuple(t.shape) for t in dst_t]}: they must come from the same target.")

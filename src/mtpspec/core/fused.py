@@ -346,14 +346,14 @@ class FusedForward:
                               len(log_rows), rows.data_ptr(), logits.data_ptr(),
                               None if choice is None else choice.data_ptr(), torch.get_num_threads())
         logits = tgt.finish_logits(logits)
-        if choice is not None and bool((choice < 0).any()):
-            choice = None  # a NaN: torch's argmax decides
+        if choice is not None:
+            choice = None if bool((choice < 0).any()) else choice.long()  # a NaN: torch's argmax decides
         out, row0, l0 = [], 0, 0
         for sq, Ts_i in zip(seqs, Ts):
             sq.cache.length += Ts_i
             Tk = sq.logits_to_keep or Ts_i
             hidden = torch.cat([feats[want.index(i % n_feat), row0:row0 + Ts_i] for i in hidden_layers], -1)[None]  # (1, T_s, F)
-            out.append((logits[l0:l0 + Tk][None], hidden, None if choice is None else choice[l0:l0 + Tk].long()))
+            out.append((logits[l0:l0 + Tk][None], hidden, None if choice is None else choice[l0:l0 + Tk]))
             row0, l0 = row0 + Ts_i, l0 + Tk
         return out
 
