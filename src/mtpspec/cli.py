@@ -60,7 +60,9 @@ SERVE_SWITCH_INTERVAL_S = 0.0002  # `mtpspec serve`'s GIL switch interval (see s
 TARGET = typer.Option(None, "--target", "-t", help="Local model dir or .gguf file [default: embedded SmolLM2-135M-Instruct].")
 HEAD = typer.Option(None, "--head", help="Saved head directory (or a Gemma 4 assistant folder) "
                     "[default: the shipped head for the target, else a fresh one].")
-DTYPE = typer.Option("auto", "--dtype", help="auto (bf16 where the CPU has native bf16, else fp32), fp32 or bf16.")
+DTYPE = typer.Option("auto", "--dtype", help="auto (bf16 where the CPU has native bf16, else fp32), fp32, bf16, or q8 "
+                     "(GGUF Q4_0/Q4_1/Q8_0 targets: bf16 with 8-bit activations in the matmuls, as llama.cpp "
+                     "computes; faster, its own plain decoding the reference).")
 THREADS = typer.Option(0, "--threads", help="torch threads (0 = torch default).")
 WEIGHTS = typer.Option("auto", "--weights", help="What a GGUF target computes on: auto (its quantized blocks wherever "
                        "the fused forward runs them: the same outputs as dense weights at a third of the bytes or "
@@ -214,7 +216,7 @@ def generate(
         return
     tok_s = cmp.spec_tokens_per_s if cmp else (s.tokens_per_s or 0.0)
     typer.echo(f"\n[{s.new_tokens} tokens, {tok_s:.1f} tok/s, k={k}, {s.mean_accepted:.2f} tokens per target forward, "
-               f"{s.target_forwards} target forwards; {str(tgt.dtype).removeprefix('torch.')} on {loaded.weights} weights]")
+               f"{s.target_forwards} target forwards; {tgt.dtype_name} on {loaded.weights} weights]")
     if not rule.exact:
         typer.echo(f"[relaxed acceptance {rule.label}: this output is not necessarily the target's own]")
     if cmp:
@@ -528,7 +530,7 @@ def bench(
     method_list, notes = build_methods(cfg, loaded.model, choice.head if choice else None, assistant, hf_model, gguf)
     if choice and choice.directory is None:
         notes.insert(0, FRESH_HEAD_NOTE)
-    dt_name = str(tgt.dtype).removeprefix("torch.")
+    dt_name = tgt.dtype_name
     info = environment_info(cfg, loaded.name, dt_name, prompts, choice.source if choice else "-", assistant, draft_model, now)
     info["hf_dtype"] = str(hf_torch_dtype).removeprefix("torch.")
     info["kernels"] = "fused (one C call per forward, core/fused.py)" if tgt.engine == "fused" else str(tgt.plan)

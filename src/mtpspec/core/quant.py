@@ -29,6 +29,11 @@ BLOCKS = {
     14: (256, 210),  # Q6_K
 }
 NAMES = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+# The same blocks regrouped for 8-bit activations (`--dtype q8`, fused.c's matmul_q8): type id
+# 0x100 + the file's, and bytes per 16 outputs x 32 inputs (the file's bytes for 16 blocks).
+PACKED = {0x102: 288, 0x103: 320, 0x108: 544}
+COLS = 16  # outputs per packed column group
+NAMES.update({t: f"{NAMES[t & 0xFF]}/q8" for t in PACKED})
 
 
 @dataclass(frozen=True)
@@ -40,15 +45,21 @@ class QTensor:
     data: torch.Tensor  # (O, row_bytes) uint8, contiguous; may be a view of the mapped file
 
     def __post_init__(self) -> None:
-        if self.qtype not in BLOCKS:
+        if self.qtype not in BLOCKS and self.qtype not in PACKED:
             raise ValueError(f"GGML type {self.qtype} is not one the quantized kernels read ({sorted(NAMES.values())})")
         rows, inputs = self.shape
-        n, b = BLOCKS[self.qtype]
+        n, b = BLOCKS[self.qtype & 0xFF]
         if inputs % n:
             raise ValueError(f"a {NAMES[self.qtype]} row holds whole blocks of {n}; got {inputs} inputs")
-        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != (rows, inputs // n * b) or not self.data.is_contiguous():
-            raise ValueError(f"{NAMES[self.qtype]} data must be contiguous uint8 ({rows}, {inputs // n * b}); got "
+        want = (rows, inputs // n * b) if self.packed_for is None else (-(-rows // COLS), inputs // n * PACKED[self.qtype])
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want or not self.data.is_contiguous():
+            raise ValueError(f"{NAMES[self.qtype]} data must be contiguous uint8 {want}; got "
                              f"{self.data.dtype} {tuple(self.data.shape)}")
+
+    @property
+    def packed_for(self) -> str | None:
+        """"q8" where the blocks are regrouped for 8-bit activations (`pack`), else None."""
+        return "q8" if self.qtype in PACKED else None
 
     @property
     def name(self) -> str:
@@ -67,9 +78,59 @@ class QTensor:
         `rows` (R,) -> (R, I). The reference every kernel here is checked against."""
         from gguf import GGMLQuantizationType, dequantize
 
+        if self.packed_for is not None:
+            return unpack(self).dequantize(rows)
         data = self.data if rows is None else self.data[rows]
         out = dequantize(data.numpy(), GGMLQuantizationType(self.qtype))
         return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(-1, self.shape[1])
+
+    def take(self, ids: torch.Tensor) -> QTensor:
+        """Rows `ids` (R,) as a QTensor of their own, in this one's layout."""
+        if self.packed_for is None:
+            return QTensor(self.qtype, (int(ids.numel()), self.shape[1]), self.data[ids].contiguous())
+        return pack(unpack(self).take(ids))
+
+
+def pack(q: QTensor) -> QTensor:
+    """`q`'s blocks regrouped for 8-bit activations (fused.c's layout, `PACKED`): the same bytes
+    per weight, 16 outputs side by side per group of 32 inputs. Outputs are padded with zero
+    blocks to a multiple of 16. Q4_0, Q4_1 and Q8_0 only."""
+    kind = 0x100 + q.qtype
+    if kind not in PACKED:
+        have = ", ".join(NAMES[t & 0xFF] for t in PACKED)
+        raise ValueError(f"8-bit activations compute on {have} blocks, not {q.name}")
+    O, I = q.shape  # noqa: E741 (the module's letters)
+    G, C = I // 32, -(-O // COLS)
+    raw = q.data.numpy().reshape(O, G, -1)
+    raw = np.concatenate([raw, np.zeros((C * COLS - O, G, raw.shape[2]), np.uint8)]).reshape(C, COLS, G, -1)
+    scales = [raw[..., 0:2]] + ([raw[..., 2:4]] if q.qtype == 3 else [])  # d (Q4_1: and m), each (C, 16, G, 2)
+    if q.qtype == 8:  # chunk j, lane n, byte b: weight (n, 4j + b) + 128
+        body = (raw[..., 2:34] ^ 0x80).reshape(C, COLS, G, 8, 4).transpose(0, 2, 3, 1, 4).reshape(C, G, 512)
+    else:  # chunk j, lane n, byte b: weight (n, 8j + b) low, (n, 8j + 4 + b) high
+        qs = raw[..., 2 * len(scales):2 * len(scales) + 16]
+        u = np.concatenate([qs & 15, qs >> 4], -1).reshape(C, COLS, G, 4, 2, 4).transpose(0, 2, 3, 1, 5, 4)
+        body = (u[..., 0] | u[..., 1] << 4).reshape(C, G, 256)
+    parts = [body] + [sc.transpose(0, 2, 1, 3).reshape(C, G, 2 * COLS) for sc in scales]
+    data = np.ascontiguousarray(np.concatenate(parts, -1).reshape(C, G * PACKED[kind]))
+    return QTensor(kind, q.shape, torch.from_numpy(data))
+
+
+def unpack(q: QTensor) -> QTensor:
+    """`pack`'s inverse: the blocks as the file stores them."""
+    O, I = q.shape  # noqa: E741 (the module's letters)
+    G, C, base = I // 32, -(-O // COLS), q.qtype & 0xFF
+    cell = q.data.numpy().reshape(C, G, PACKED[q.qtype])
+    nsc = 2 if base == 3 else 1
+    body, sc = cell[..., :-2 * COLS * nsc], cell[..., -2 * COLS * nsc:]
+    scales = [sc[..., 2 * COLS * i:2 * COLS * (i + 1)].reshape(C, G, COLS, 2).transpose(0, 2, 1, 3) for i in range(nsc)]
+    if base == 8:
+        qs = [body.reshape(C, G, 8, COLS, 4).transpose(0, 3, 1, 2, 4).reshape(C, COLS, G, 32) ^ 0x80]
+    else:
+        b = body.reshape(C, G, 4, COLS, 4).transpose(0, 3, 1, 2, 4)  # (C, 16, G, j, b)
+        u = np.stack([b & 15, b >> 4], -2).reshape(C, COLS, G, 32)  # weight 8j + 4h + b
+        qs = [u[..., :16] | u[..., 16:] << 4]
+    raw = np.concatenate(scales + qs, -1).reshape(C * COLS, G * BLOCKS[base][1])[:O]
+    return QTensor(base, q.shape, torch.from_numpy(np.ascontiguousarray(raw)))
 
 
 # The C side's description of a weight matrix (fused.c: Part, Mat): up to three parts stacked

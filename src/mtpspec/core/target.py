@@ -558,6 +558,14 @@ class Target:
         return self.final_norm.weight.dtype  # dense whatever the matrices are
 
     @property
+    def dtype_name(self) -> str:
+        """What the forward computes in, as `--dtype` names it: fp32, bf16, or q8 (bf16 with every
+        quantized matmul's input rounded to 8 bits per 32 values: blocks packed by `quant.pack`)."""
+        if self.quantized and any(getattr(m, "packed_for", None) == "q8" for m in self.lm_projection.matrices):
+            return "q8"
+        return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(self.dtype, str(self.dtype).removeprefix("torch."))
+
+    @property
     def device(self) -> torch.device:
         return self.final_norm.weight.device
 

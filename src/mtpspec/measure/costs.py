@@ -119,7 +119,7 @@ def measure_costs(target: Target, head: Any, max_n: int = 9, context: int = 256,
     if bandwidth_bytes > 0:
         memory = MemoryLimit(weight_bytes=forward_bytes(forward_matrices(target)),
                              bandwidth=measure_bandwidth(bandwidth_bytes), forward_s=verify[1])
-    return Costs(context=context, verify_s=verify, draft_step_s=step, dtype=str(target.dtype).removeprefix("torch."),
+    return Costs(context=context, verify_s=verify, draft_step_s=step, dtype=target.dtype_name,
                  draft_vocab=vocab, tree_verify_s=tree_s, tree_step_s=tree_step, memory=memory)
 
 
