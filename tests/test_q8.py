@@ -147,3 +147,14 @@ def test_speculative_equals_plain_decoding_with_8bit_activations(q8_pair):
         oracle = OracleDrafter(plain.sequences[0].tolist(), vocab=97, seed=k)
         out = mtpspec.generate(t, oracle, ids, max_new_tokens=32, num_draft_tokens=k, eos_token_id=[])
         assert torch.equal(out.sequences, plain.sequences), k
+
+
+def test_q8_asks_for_a_gguf_target_and_says_so(tmp_path):
+    from conftest import save_tiny_model_dir
+
+    from mtpspec.errors import InputError
+    from mtpspec.models import load_target
+
+    save_tiny_model_dir(tmp_path / "m")
+    with pytest.raises(InputError, match="GGUF file's quantized blocks"):
+        load_target(str(tmp_path / "m"), dtype="q8")

@@ -535,6 +535,9 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} is a file; give a directory.")
     target = Target(model)
+    if target.dtype_name == "q8" and engine != "batch":
+        raise InputError("--dtype q8 runs in mtpspec's fused forward only; Hugging Face's generate would compute "
+                         "its matrices in bf16. Use --engine batch.")
     chunks = corpus_chunks(corpus) if corpus else []
     if recipe == "chat":
         chunks = [f"Continue this text:\n{c}" for c in chunks]
@@ -550,7 +553,8 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     # added later are left out at their off value, so the sets written before them still resume.
     unset = {"num_samples"} | (set() if real else {"passage_share"}) | (set() if cfg.everyday_share else {"everyday_share"})
     settings = {"config": {k: v for k, v in asdict(cfg).items() if k not in unset}, "recipe": recipe,
-                "prompts_file": prompts_file, "corpus": corpus, "dtype": str(target.dtype).removeprefix("torch.")}
+                "prompts_file": prompts_file, "corpus": corpus,
+                "dtype": "q8" if target.dtype_name == "q8" else str(target.dtype).removeprefix("torch.")}
     if real:  # the passages themselves, not only their path: other files there must not resume this run
         digest = hashlib.sha1("\0".join(t for _, t in real).encode()).hexdigest()[:16]
         settings["passages"] = {"paths": [str(p) for p in passages or []], "count": len(real), "sha1": digest}
@@ -643,7 +647,7 @@ def settings_diff(was: dict[str, Any], now: dict[str, Any], prefix: str = "") ->
 
 
 def recorded_dtype(out: str | Path) -> str | None:
-    """The generation dtype a data set was written in ("bfloat16", "float32": names `--dtype`
+    """The generation dtype a data set was written in ("bfloat16", "float32", "q8": names `--dtype`
     takes), or None where out holds no set (or a damaged one: `generate_data` says what is
     wrong with it)."""
     try:
