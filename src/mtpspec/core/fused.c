@@ -802,9 +802,7 @@ static inline __attribute__((always_inline)) void q8_cols(const uint8_t *wc, int
     const int NA = nr >= 4 ? 1 : nr >= 2 ? 2 : 4;
     for (int g = 0; g < G; g++) {
         const uint8_t *b = wc + (size_t)B * g;
-#ifdef Q8_PF
-        for (int l = 0; l < B; l += 64) _mm_prefetch((const char *)b + Q8_PF + l, _MM_HINT_T1);
-#endif
+        for (int l = 0; l < B; l += 64) _mm_prefetch((const char *)b + Q8_PF + l, _MM_HINT_T1); /* a hint: never faults */
         __m512i ia[QRB][4];
         for (int i = 0; i < nr; i++)
             for (int a = 0; a < NA; a++) ia[i][a] = _mm512_setzero_si512();
