@@ -210,6 +210,27 @@ def test_a_head_drafting_through_the_fused_step_keeps_the_output_exact(each_dtyp
     assert other.fused_step() is None and "dtype" in fused.head_unsupported(other)
 
 
+@pytest.mark.parametrize("vocab", [0, 48])  # the whole vocabulary; a draft vocabulary plus the context's tokens
+def test_a_greedy_chain_in_one_call_drafts_what_the_steps_draft(vocab, each_dtype, monkeypatch):
+    """`FusedHead.chain` (one C call for k drafts) against one C call per step and torch's argmax."""
+    t = mtpspec.Target(_model("llama", each_dtype))
+    head = mtpspec.MTPHead.for_target(t, mtpspec.HeadConfig(draft_vocab_size=vocab))
+    head.copy_context = bool(vocab)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    fast = head.fused_step()
+    assert fast is not None and fast.chain_part() is not None
+    ids = torch.randint(4, 97, (1, 25), generator=torch.Generator().manual_seed(8))
+    cache = t.new_cache(64)
+    hidden = t.forward(ids, cache, head.hidden_layers).hidden[:, -1]
+    inp = mtpspec.DraftInput(tokens=ids, hidden=hidden, cache=cache)
+    one_call = head.propose(inp, 6, mtpspec.SamplingConfig(), None).tokens
+    monkeypatch.setattr(type(fast), "chain_part", lambda self: None)  # the step-by-step path
+    stepwise = head.propose(inp, 6, mtpspec.SamplingConfig(), None).tokens
+    assert torch.equal(one_call, stepwise) and one_call.shape == (6,)
+
+
 @pytest.mark.parametrize("family", ["mistral", "smollm3"])
 def test_sliding_windows_and_nope_layers_run_as_the_torch_path_does(family, each_dtype):
     """Mistral's window and SmolLM3's sliding NoPE layer, across the window: the fused forward

@@ -1636,3 +1636,43 @@ void head_step_seqs(const Head *h, int nseq, const Seq *seqs, int R, const elem 
     }
     free(u); free(n2); free(q); free(a); free(y); free(l1); free(l2); free(xv); free(scratch); free(pos); free(none); free(att); free(row_seq); free(l2off);
 }
+
+/* One embedding row (dense in the element type, or quantized / packed blocks) into out (I,) */
+static void embed_row(const Part *p, int64_t id, int I, elem *out) {
+    if (p->type == Q_DENSE)
+        memcpy(out, (const uint8_t *)p->data + (size_t)id * p->row_bytes, sizeof(elem) * I);
+    else
+        fused_rows(p, &id, 1, I, out);
+}
+
+/* A greedy chain of k drafts of one sequence as one call: head_step_seqs for one row, k times,
+ * each step's token the first largest of its logits (torch's argmax) over the draft vocabulary
+ * then w_extra's E rows, mapped to a token id by ids (V1 + E; NULL: the index is the id), and
+ * looked up in the target's embedding for the next step. The same calls and values the step-by-
+ * step path makes, without returning to Python between steps. state (D): the start state;
+ * tok: the token at the sequence's position; cos, sin (k, hd): the rows for its k positions.
+ * Returns 0, or -1 where a step's logits hold a NaN (the caller decides those steps itself). */
+int head_chain(const Head *h, const Seq *seq, int k, const elem *state, int64_t tok, const elem *cos, const elem *sin,
+               const Mat *w_vocab, int V1, const int64_t *ids, const elem *w_extra, int E, const Part *embed,
+               int64_t *out, int nthreads) {
+    const int D = h->D, V = V1 + E;
+    elem *st = malloc(sizeof(elem) * 2 * (size_t)D), *emb = malloc(sizeof(elem) * (size_t)D);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    memcpy(st, state, sizeof(elem) * D);
+    int rc = 0;
+    for (int j = 0; j < k && rc == 0; j++) {
+        embed_row(embed, tok, D, emb);
+        elem *next = st + (size_t)D * ((j + 1) % 2);
+        head_step_seqs(h, 1, seq, 1, st + (size_t)D * (j % 2), emb, cos + (size_t)j * h->hd, sin + (size_t)j * h->hd,
+                       w_vocab, V1, &w_extra, &E, E, next, logits, nthreads);
+        int best = 0;
+        for (int v = 0; v < V; v++) {
+            if (logits[v] != logits[v]) { rc = -1; break; }
+            if (logits[v] > logits[best]) best = v;
+        }
+        tok = ids ? ids[best] : best;
+        out[j] = tok;
+    }
+    free(st); free(emb); free(logits);
+    return rc;
+}

@@ -122,6 +122,9 @@ def _library(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, i
     so.head_step_seqs.argtypes = [ctypes.POINTER(_Head), ctypes.c_int, ctypes.POINTER(_Seq), ctypes.c_int] + [_P] * 5 + [
         ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, ctypes.c_int]
     so.head_step_seqs.restype = None
+    so.head_chain.argtypes = [ctypes.POINTER(_Head), ctypes.POINTER(_Seq), ctypes.c_int, _P, ctypes.c_int64, _P, _P,
+                              _P, ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, ctypes.c_int]
+    so.head_chain.restype = ctypes.c_int
     # AMX where the CPU has it (MTPSPEC_AMX: 0 off, 1 (default) dense matrices, blocks quantized
     # ones too): once per process, so every forward of the process runs the same matmul kernels
     want = {"0": 0, "blocks": AMX_DENSE | AMX_BLOCKS}.get(os.environ.get("MTPSPEC_AMX", "1"), AMX_DENSE)
@@ -468,6 +471,49 @@ class FusedHead:
             per.append(tgt.finish_logits(logits[row0:row0 + n, :V1 + E].contiguous()))  # as alone: (n, V1 + E)
             row0 += n
         return out, per
+
+
+    def chain_part(self) -> quant.Part | None:
+        """The target's embedding as `head_chain` reads it (dense in the dtype, or blocks), or None
+        where a draft step's embedding is more than a plain lookup (a multiplier, another module)."""
+        from .qmodules import QuantEmbedding
+
+        tgt = self.head.target
+        emb = tgt.embed
+        if tgt.embedding_multiplier != 1.0 or not tgt.finish_logits_is_identity:
+            return None
+        if isinstance(emb, QuantEmbedding) and emb.dtype == tgt.dtype:
+            q = emb.qweight
+            return quant.Part(q.data.data_ptr(), q.qtype, q.shape[0], q.row_bytes)
+        if type(emb) is torch.nn.Embedding and emb.weight.dtype == tgt.dtype and emb.weight.is_contiguous():
+            w = emb.weight
+            return quant.Part(w.data_ptr(), quant.DENSE, w.shape[0], w.shape[1] * w.element_size())
+        return None
+
+    def chain(self, part: quant.Part, state: torch.Tensor, token: int, cos: torch.Tensor, sin_signed: torch.Tensor,
+              cache: KVCache, layer: int, ids: torch.Tensor | None, extra: torch.Tensor | None) -> torch.Tensor | None:
+        """k greedy drafts of one sequence as one C call (`head_chain`): (1, 1, D) state, the token
+        at the cache's length, (k, hd) rotary tables for the k positions, the round's vocabulary
+        (ids (V1 + E,) or None, extra rows (E, D) or None) -> (k,) token ids; the tokens `step`
+        and an argmax per step give. None where a step's logits hold a NaN."""
+        tgt = self.head.target
+        dt = tgt.dtype
+        so = _loaded(dt)[0]
+        assert so is not None
+        k = int(cos.shape[0])
+        state = state.reshape(-1).to(dt).contiguous()
+        cos, sin_signed = cos.to(dt).contiguous(), sin_signed.to(dt).contiguous()
+        keys, values = cache.keys[layer], cache.values[layer]
+        seq = _Seq(row0=0, T=1, start=cache.length, S=cache.capacity, keys=keys.data_ptr(), values=values.data_ptr())
+        ids64 = None if ids is None else ids.to(torch.int64).contiguous()
+        extra = None if extra is None else extra.to(dt).contiguous()
+        E = 0 if extra is None else int(extra.shape[0])
+        out = torch.empty(k, dtype=torch.int64)
+        rc = so.head_chain(ctypes.byref(self.struct), ctypes.byref(seq), k, state.data_ptr(), int(token), cos.data_ptr(),
+                           sin_signed.data_ptr(), ctypes.addressof(self.vocab), self.V1,
+                           None if ids64 is None else ids64.data_ptr(), None if extra is None else extra.data_ptr(), E,
+                           ctypes.byref(part), out.data_ptr(), torch.get_num_threads())
+        return None if rc else out
 
 
 def quantized_rows(q: quant.QTensor, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:

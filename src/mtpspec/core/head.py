@@ -367,8 +367,19 @@ class MTPHead(nn.Module):
 
     def _propose_fused(self, fast: fused.FusedHead, inps: list[DraftInput], ks: list[int],
                        samplings: list[SamplingConfig], generators: list[torch.Generator | None]) -> list[Draft]:
-        """The drafts of one or more requests, each draft depth of all of them as one C call."""
+        """The drafts of one or more requests, each draft depth of all of them as one C call; one
+        greedy request's whole chain as one call (`FusedHead.chain`) where it can."""
         n = len(inps)
+        if n == 1 and samplings[0].greedy and ks[0] > 0 and (part := fast.chain_part()) is not None:
+            inp, k = inps[0], ks[0]
+            state = self.initial_state(inp.hidden.unsqueeze(1))  # (1, 1, D)
+            L = inp.cache.length
+            cos, sin = self.rope(torch.arange(L, L + k, device=state.device).unsqueeze(0), state)  # (1, K, hd)
+            ids, extra = self.round_vocab(inp.tokens)  # (V1 + E,) or None, (E, D) or None
+            toks = fast.chain(part, state, int(inp.tokens[0, -1]), cos[0], signed_sin(sin[0]), inp.cache,
+                              self.kv_layer, ids, extra)
+            if toks is not None:
+                return [Draft(tokens=toks)]
         states, toks, tables, vocab = [], [], [], []
         for inp, k in zip(inps, ks):
             state = self.initial_state(inp.hidden.unsqueeze(1))  # (1, 1, D)
