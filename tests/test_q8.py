@@ -115,7 +115,7 @@ def q8_pair(request):
 
 def test_a_packed_target_runs_fused_and_stays_near_the_bf16_one(q8_pair):
     plain, t = mtpspec.Target(q8_pair[0]), mtpspec.Target(q8_pair[1])
-    assert t.engine == "fused" and t.dtype_name == "q8" and plain.dtype_name == "bf16"
+    assert t.engine == "fused" and t.dtype_name == "q8" and plain.dtype_name == "bfloat16"
     ids = torch.randint(4, 97, (1, 12), generator=torch.Generator().manual_seed(1))
     a, b = plain.forward(ids, plain.new_cache(64)).logits, t.forward(ids, t.new_cache(64)).logits
     assert not torch.equal(a, b)  # not the bf16 model ...
@@ -158,3 +158,31 @@ def test_q8_asks_for_a_gguf_target_and_says_so(tmp_path):
     save_tiny_model_dir(tmp_path / "m")
     with pytest.raises(InputError, match="GGUF file's quantized blocks"):
         load_target(str(tmp_path / "m"), dtype="q8")
+
+
+def test_a_head_on_a_q8_target_drafts_from_blocks_and_keeps_the_output_exact(q8_pair):
+    t = mtpspec.Target(q8_pair[1])
+    head = mtpspec.MTPHead.for_target(t, mtpspec.HeadConfig(draft_vocab_size=48))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    fast = head.fused_step()
+    assert fast is not None and bool(fast.struct.qfc) and bool(fast.struct.qwq)  # its own matrices as blocks
+    ids = torch.randint(4, 97, (1, 15), generator=torch.Generator().manual_seed(9))
+    plain = mtpspec.generate(t, None, ids, max_new_tokens=30, num_draft_tokens=0, eos_token_id=[])
+    for tree in (False, True):
+        out = mtpspec.generate(t, head, ids, max_new_tokens=30, num_draft_tokens=4, tree=tree, eos_token_id=[])
+        assert torch.equal(out.sequences, plain.sequences), tree
+
+
+def test_q8_0_quantization_is_llama_cpps():
+    from mtpspec.core.quant import quantize_q8_0
+
+    w = torch.randn(20, 64)
+    w[3, :32] = 0  # an all-zero block: scale 0
+    q = quantize_q8_0(w)
+    back = q.dequantize()
+    d = w.reshape(20, 2, 32).abs().amax(-1, keepdim=True) / 127
+    # half a step, plus 127 steps of d's rounding to fp16 (2^-11 relative)
+    assert (back - w).abs().reshape(20, 2, 32).le(d * (0.5 + 127 * 2.0**-11) + 1e-7).all()
+    assert not back[3, :32].any()

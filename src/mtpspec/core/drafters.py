@@ -44,6 +44,7 @@ from .cache import KVCache
 from .draft import Draft, Drafter, DraftInput
 from .head import MTPHead
 from .rope import signed_sin
+from .target import Target
 
 
 @dataclass(frozen=True)
@@ -497,14 +498,15 @@ FALLBACK_K = 3
 
 def default_k(head: Any) -> int:
     """The head's own drafts per round: the k measured best for it (saved as `recommended_k`,
-    either one int or one per dtype, e.g. {"float32": 4, "bfloat16": 2}: the cost of verifying
+    either one int or one per dtype, e.g. {"float32": 4, "bfloat16": 2, "q8": 1}: the cost of verifying
     k + 1 tokens depends on the dtype's kernels), else FALLBACK_K.
 
     A recorded 0 means no k measured faster than plain decoding for that dtype: plain decoding
     it is (the output is the same either way)."""
     rec = getattr(head, "recommended_k", None)
     if isinstance(rec, dict):
-        dtype = str(next(head.parameters()).dtype).removeprefix("torch.")
+        target = getattr(head, "target", None)
+        dtype = target.dtype_name if isinstance(target, Target) else str(next(head.parameters()).dtype).removeprefix("torch.")
         rec = rec.get(dtype)
     return FALLBACK_K if rec is None else int(rec)
 

@@ -1547,7 +1547,16 @@ typedef struct {
     float eps, final_eps;
     const elem *norm_state, *norm_embed, *fc, *final_norm; /* fc (D, 2D) */
     const elem **norm_attn, **wq, **wo, **norm_mlp, **wgu, **wdown; /* per block */
+    /* NULL, or the same matrices as blocks (q8: the head's weights packed, like the target's):
+     * fc, then per block q, o, gate/up, down */
+    const Mat *qfc, *qwq, *qwo, *qwgu, *qwdown;
 } Head;
+
+/* a head matrix: its blocks where the head has them (q), else the dense weights w */
+static void head_matmul(const elem *x, int R, int I, const elem *w, const Mat *q, int O, float *y, elem *xv) {
+    if (q) matmul(x, R, I, q, O, y, xv);
+    else matmul_dense(x, R, I, w, O, y, xv);
+}
 
 /* R rows of nseq sequences (continuous batching: each sequence's rows [row0, row0 + T), all at
  * its position `start` = L with no ancestors; keys, values (Hk, S, hd): the target's layer the
@@ -1596,26 +1605,26 @@ void head_step_seqs(const Head *h, int nseq, const Seq *seqs, int R, const elem 
             memcpy(u + (size_t)r * 2 * D, n2 + (size_t)r * D, sizeof(elem) * D);
             memcpy(u + (size_t)r * 2 * D + D, n2 + (size_t)(R + r) * D, sizeof(elem) * D);
         }
-        matmul_dense(u, R, 2 * D, h->fc, D, y, xv);
+        head_matmul(u, R, 2 * D, h->fc, h->qfc, D, y, xv);
 #pragma omp for schedule(static)
         for (int r = 0; r < R; r++)
             for (int d = 0; d < D; d += 16) st16(x + (size_t)r * D + d, ldf(y + (size_t)r * D + d, D - d), D - d);
         for (int b = 0; b < h->n_blocks; b++) {
             rms_norm(x, R, D, h->norm_attn[b], h->eps, u);
-            matmul_dense(u, R, D, h->wq[b], H * hd, y, xv);
+            head_matmul(u, R, D, h->wq[b], h->qwq ? h->qwq + b : NULL, H * hd, y, xv);
 #pragma omp for schedule(static) collapse(2)
             for (int r = 0; r < R; r++)
                 for (int hh = 0; hh < H; hh++)
                     project_head(y + ((size_t)r * H + hh) * hd, NULL, hd, cos + (size_t)r * hd, sin + (size_t)r * hd,
                                  q + ((size_t)r * H + hh) * hd);
             attend_tasks(nseq, att, 0, H, h->Hk, hd, 1.0f / sqrtf((float)hd), 0, Smax, scratch);
-            matmul_dense(a, R, H * hd, h->wo[b], D, y, xv);
+            head_matmul(a, R, H * hd, h->wo[b], h->qwo ? h->qwo + b : NULL, D, y, xv);
             residual(x, y, NULL, R, D);
             if (M > 0) {
                 rms_norm(x, R, D, h->norm_mlp[b], h->eps, u);
-                matmul_dense(u, R, D, h->wgu[b], 2 * M, y, xv);
+                head_matmul(u, R, D, h->wgu[b], h->qwgu ? h->qwgu + b : NULL, 2 * M, y, xv);
                 swiglu(y, NULL, R, M, u); /* u now holds the gate products (R, M) */
-                matmul_dense(u, R, M, h->wdown[b], D, y, xv);
+                head_matmul(u, R, M, h->wdown[b], h->qwdown ? h->qwdown + b : NULL, D, y, xv);
                 residual(x, y, NULL, R, D);
             }
         }

@@ -94,7 +94,8 @@ class _Head(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int) for n in ("D", "H", "Hk", "hd", "M", "n_blocks")] + [
         ("eps", ctypes.c_float), ("final_eps", ctypes.c_float)] + [
         (n, _P) for n in ("norm_state", "norm_embed", "fc", "final_norm")] + [
-        (n, ctypes.POINTER(_P)) for n in ("norm_attn", "wq", "wo", "norm_mlp", "wgu", "wdown")]
+        (n, ctypes.POINTER(_P)) for n in ("norm_attn", "wq", "wo", "norm_mlp", "wgu", "wdown")] + [
+        (n, ctypes.POINTER(quant.Mat)) for n in ("qfc", "qwq", "qwo", "qwgu", "qwdown")]
 
 
 AMX_DENSE, AMX_BLOCKS = 1, 2  # fused.c's fused_init bits: dense matrices on the AMX tiles; quantized ones too
@@ -405,6 +406,16 @@ class FusedHead:
         h.norm_mlp = W.table([b.norm_mlp.weight if M else None for b in blocks])
         h.wgu = W.table([b.gate_up.weight if M else None for b in blocks])
         h.wdown = W.table([b.down.weight if M else None for b in blocks])
+        dims = [head.fc.weight.shape[1]] + [w.shape[1] for b in blocks for w in (b.q_proj.weight, b.o_proj.weight)] + \
+            [w.shape[1] for b in blocks if M for w in (b.gate_up.weight, b.down.weight)]
+        if tgt.dtype_name == "q8" and all(i % 32 == 0 for i in dims):
+            # the head's matrices as Q8_0 blocks too: half their bytes, multiplied as the target's are
+            h.qfc = W.array(quant.Mat, [self._q8(W, head.fc.weight)])
+            h.qwq = W.array(quant.Mat, [self._q8(W, b.q_proj.weight) for b in blocks])
+            h.qwo = W.array(quant.Mat, [self._q8(W, b.o_proj.weight) for b in blocks])
+            if M:
+                h.qwgu = W.array(quant.Mat, [self._q8(W, b.gate_up.weight) for b in blocks])
+                h.qwdown = W.array(quant.Mat, [self._q8(W, b.down.weight) for b in blocks])
         # (V1, D): the head's draft-vocabulary rows, else the target's LM head (dense or quantized)
         lm = tgt.weights().lm_head
         if head.draft_weight is None:
@@ -420,6 +431,14 @@ class FusedHead:
             vocab = Projection(head.draft_weight)
         self.vocab, self.V1 = W.mat(vocab), vocab.out_features
         self.struct = h
+
+    @staticmethod
+    def _q8(W: _Pointers, w: torch.Tensor) -> quant.Mat:
+        """A head matrix (read by `current` like every dense weight) as packed Q8_0 blocks."""
+        W.read.append((w, w.data_ptr()))
+        q = quant.pack(quant.quantize_q8_0(w.detach()))
+        W.keep.append(q.data)
+        return quant.mat([q], W.dtype)
 
     def current(self) -> bool:
         return self.pointers.current()

@@ -91,6 +91,20 @@ class QTensor:
         return pack(unpack(self).take(ids))
 
 
+def quantize_q8_0(w: torch.Tensor) -> QTensor:
+    """A dense (O, I) matrix (I a multiple of 32) as Q8_0 blocks, as llama.cpp quantizes one: per
+    32 weights d = max|w| / 127 (stored fp16), q = w / d rounded to nearest (ties to even)."""
+    O, I = w.shape  # noqa: E741 (the module's letters)
+    if I % 32:
+        raise ValueError(f"Q8_0 needs inputs in blocks of 32; got {I}")
+    x = w.detach().float().numpy().reshape(O, I // 32, 32)
+    d = np.abs(x).max(-1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    qs = np.clip(np.rint(x * inv), -127, 127).astype(np.int8)
+    raw = np.concatenate([d.astype(np.float16).view(np.uint8), qs.view(np.uint8)], -1)  # (O, G, 34)
+    return QTensor(8, (O, I), torch.from_numpy(np.ascontiguousarray(raw.reshape(O, -1))))
+
+
 def pack(q: QTensor) -> QTensor:
     """`q`'s blocks regrouped for 8-bit activations (fused.c's layout, `PACKED`): the same bytes
     per weight, 16 outputs side by side per group of 32 inputs. Outputs are padded with zero

@@ -559,11 +559,12 @@ class Target:
 
     @property
     def dtype_name(self) -> str:
-        """What the forward computes in, as `--dtype` names it: fp32, bf16, or q8 (bf16 with every
-        quantized matmul's input rounded to 8 bits per 32 values: blocks packed by `quant.pack`)."""
+        """What the forward computes in, as `--dtype` takes it and as records key it (a data set's
+        dtype, a head's recommended k): "float32", "bfloat16", or "q8" (bf16 with every quantized
+        matmul's input rounded to 8 bits per 32 values: blocks packed by `quant.pack`)."""
         if self.quantized and any(getattr(m, "packed_for", None) == "q8" for m in self.lm_projection.matrices):
             return "q8"
-        return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(self.dtype, str(self.dtype).removeprefix("torch."))
+        return str(self.dtype).removeprefix("torch.")
 
     @property
     def device(self) -> torch.device:

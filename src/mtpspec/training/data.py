@@ -553,8 +553,7 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     # added later are left out at their off value, so the sets written before them still resume.
     unset = {"num_samples"} | (set() if real else {"passage_share"}) | (set() if cfg.everyday_share else {"everyday_share"})
     settings = {"config": {k: v for k, v in asdict(cfg).items() if k not in unset}, "recipe": recipe,
-                "prompts_file": prompts_file, "corpus": corpus,
-                "dtype": "q8" if target.dtype_name == "q8" else str(target.dtype).removeprefix("torch.")}
+                "prompts_file": prompts_file, "corpus": corpus, "dtype": target.dtype_name}
     if real:  # the passages themselves, not only their path: other files there must not resume this run
         digest = hashlib.sha1("\0".join(t for _, t in real).encode()).hexdigest()[:16]
         settings["passages"] = {"paths": [str(p) for p in passages or []], "count": len(real), "sha1": digest}
