@@ -5,12 +5,23 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gguf-blocks"))
-from summarize import overall, spread, verify_ratio  # noqa: E402 (the sibling report's helpers)
+
+def _sibling():
+    """reports/fused/gguf-blocks/summarize.py, whose helpers read the same results.json"""
+    path = Path(__file__).resolve().parents[1] / "gguf-blocks" / "summarize.py"
+    spec = importlib.util.spec_from_file_location("gguf_blocks_summarize", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_G = _sibling()
+overall, spread, verify_ratio = _G.overall, _G.spread, _G.verify_ratio
 
 COSTS = re.compile(r"at ([\d.]+) GB/s .*= ([\d.]+) ms bandwidth limit; measured one-token forward ([\d.]+) ms = ([\d.]+)x the limit")
 ROWS = re.compile(r"target forward over (\d) token\(s\):\s+([\d.]+) ms")

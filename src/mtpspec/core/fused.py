@@ -495,14 +495,12 @@ class FusedHead:
     def chain_part(self) -> quant.Part | None:
         """The target's embedding as `head_chain` reads it (dense in the dtype, or blocks), or None
         where a draft step's embedding is more than a plain lookup (a multiplier, another module)."""
-        from .qmodules import QuantEmbedding
-
         tgt = self.head.target
         emb = tgt.embed
         if tgt.embedding_multiplier != 1.0 or not tgt.finish_logits_is_identity:
             return None
-        if isinstance(emb, QuantEmbedding) and emb.dtype == tgt.dtype:
-            q = emb.qweight
+        q = getattr(emb, "qweight", None)  # a QuantEmbedding (qmodules.py): its blocks, looked up in `dtype`
+        if isinstance(q, quant.QTensor) and getattr(emb, "dtype", None) == tgt.dtype:
             return quant.Part(q.data.data_ptr(), q.qtype, q.shape[0], q.row_bytes)
         if type(emb) is torch.nn.Embedding and emb.weight.dtype == tgt.dtype and emb.weight.is_contiguous():
             w = emb.weight
