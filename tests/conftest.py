@@ -289,6 +289,20 @@ def tree_probs_without_renormalisation(tokens, parents, q, p):
     return accept, next_dist
 
 
+def assert_verify_passes_equal_one_row_passes(target, counts=(1, 2, 5, 9, 16, 17, 33, 40)) -> None:
+    """After 30 cached tokens, a verify pass over R of 40 new tokens gives each row, bit for bit,
+    the logits of decoding it alone, one row per forward (row invariance), for each R in `counts`."""
+    ids = torch.randint(4, 97, (1, 30), generator=torch.Generator().manual_seed(2))
+    new = torch.randint(4, 97, (1, 40), generator=torch.Generator().manual_seed(3))
+    c = target.new_cache(80)
+    target.forward(ids, c)
+    alone = [target.forward(new[:, i:i + 1], c).logits[0, 0] for i in range(40)]
+    for R in counts:
+        c.length = 30
+        together = target.forward(new[:, :R], c).logits[0]
+        assert all(torch.equal(together[i], alone[i]) for i in range(R)), R
+
+
 def assert_tree_rows_equal_their_paths(target) -> None:
     """Each row of a draft tree, verified in one pass, gets bit for bit the logits plain
     decoding of its path gets (it attends its ancestors where they lie in the cache; plain

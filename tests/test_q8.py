@@ -19,7 +19,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from conftest import OracleDrafter, assert_tree_rows_equal_their_paths, tiny_model
+from conftest import OracleDrafter, assert_tree_rows_equal_their_paths, assert_verify_passes_equal_one_row_passes, tiny_model
 from test_quant import qmatmul, random_qtensor
 
 import mtpspec
@@ -123,16 +123,7 @@ def test_a_packed_target_runs_fused_and_stays_near_the_bf16_one(q8_pair):
 
 
 def test_a_verify_pass_of_1_to_40_rows_equals_one_row_passes(q8_pair):
-    t = mtpspec.Target(q8_pair[1])
-    ids = torch.randint(4, 97, (1, 30), generator=torch.Generator().manual_seed(2))
-    new = torch.randint(4, 97, (1, 40), generator=torch.Generator().manual_seed(3))
-    c = t.new_cache(80)
-    t.forward(ids, c)
-    alone = [t.forward(new[:, i:i + 1], c).logits[0, 0] for i in range(40)]
-    for R in (1, 2, 5, 8, 9, 16, 17, 40):
-        c.length = 30
-        together = t.forward(new[:, :R], c).logits[0]
-        assert all(torch.equal(together[i], alone[i]) for i in range(R)), R
+    assert_verify_passes_equal_one_row_passes(mtpspec.Target(q8_pair[1]), (1, 2, 5, 8, 9, 16, 17, 40))
 
 
 def test_a_tree_row_equals_decoding_its_path(q8_pair):

@@ -12,7 +12,14 @@ import copy
 
 import pytest
 import torch
-from conftest import KERNELS, OracleDrafter, assert_tree_rows_equal_their_paths, kernel_dtype, tiny_model
+from conftest import (
+    KERNELS,
+    OracleDrafter,
+    assert_tree_rows_equal_their_paths,
+    assert_verify_passes_equal_one_row_passes,
+    kernel_dtype,
+    tiny_model,
+)
 from test_quant import random_qtensor
 
 import mtpspec
@@ -74,18 +81,7 @@ def test_the_quantized_target_computes_what_the_dense_one_computes(pair):
 
 def test_a_verify_pass_of_1_to_40_rows_equals_one_row_passes(pair):
     """Up to 40 rows: beyond 16 the AMX kernel keeps each column block's sums between chunks."""
-    t = mtpspec.Target(pair[1])
-    ids = torch.randint(4, 97, (1, 30), generator=torch.Generator().manual_seed(2))
-    new = torch.randint(4, 97, (1, 40), generator=torch.Generator().manual_seed(3))
-    c = t.new_cache(80)
-    t.forward(ids, c)
-    alone = []
-    for i in range(40):
-        alone.append(t.forward(new[:, i:i + 1], c).logits[0, 0])
-    for R in (1, 2, 5, 9, 16, 17, 33, 40):
-        c.length = 30
-        together = t.forward(new[:, :R], c).logits[0]
-        assert all(torch.equal(together[i], alone[i]) for i in range(R)), R
+    assert_verify_passes_equal_one_row_passes(mtpspec.Target(pair[1]))
 
 
 def test_a_tree_row_equals_decoding_its_path(pair):

@@ -134,6 +134,16 @@ typedef struct {
     Part part[3];
 } Mat;
 
+/* Block b of a matmul's blocks (nb[p] of them in part p, parts in order): its part, returned, with
+ * the block's index in that part (*ob) and the part's first output (*o_part) */
+static inline int block_part(const Mat *w, const int *nb, int b, int *ob, int *o_part) {
+    int p = 0;
+    *o_part = 0;
+    while (b >= nb[p]) b -= nb[p], *o_part += w->part[p].rows, p++;
+    *ob = b;
+    return p;
+}
+
 static inline Mat dense_mat(const elem *w, int O, int I) {
     Mat m;
     memset(&m, 0, sizeof m);
@@ -452,9 +462,8 @@ static void matmul_dp(const elem *x, int R, int I, const Mat *w, int O, float *y
     elem *wb = quantized && R > NRW ? malloc(sizeof(elem) * 4 * (size_t)I) : NULL;
 #pragma omp for schedule(static)
     for (int b = 0; b < blocks; b++) {
-        int p = 0, ob = b, o_part = 0; /* the block's part, its index there, the part's first output */
-        while (ob >= nb[p]) ob -= nb[p], o_part += w->part[p].rows, p++;
-        const Part *P = &w->part[p];
+        int ob, o_part; /* the block's index in its part, the part's first output */
+        const Part *P = &w->part[block_part(w, nb, b, &ob, &o_part)];
         const int o0 = ob * 4, no = P->rows - o0 < 4 ? P->rows - o0 : 4, qt = P->type;
         const uint8_t *wr[4];
         for (int j = 0; j < 4; j++) wr[j] = (const uint8_t *)P->data + (size_t)(o0 + (j < no ? j : 0)) * P->row_bytes;
@@ -677,9 +686,8 @@ static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *
     float *cbuf = ncb > 1 ? malloc(sizeof(float) * (size_t)ncb * 4 * 256) : NULL;  /* its tiles between chunks */
 #pragma omp for schedule(static)
     for (int b = 0; b < blocks; b++) {
-        int p = 0, ob = b, o_part = 0; /* the block's part, its index there, the part's first output */
-        while (ob >= nb[p]) ob -= nb[p], o_part += w->part[p].rows, p++;
-        const Part *P = &w->part[p];
+        int ob, o_part; /* the block's index in its part, the part's first output */
+        const Part *P = &w->part[block_part(w, nb, b, &ob, &o_part)];
         const int o0 = ob * 16 * bt, nt = P->rows - o0 >= 16 * bt ? bt : (P->rows - o0) / 16, dense = P->type == Q_DENSE;
         const int KC = dense ? I : KQ;
         const long as = (long)(dense ? I : KQ) * 2;             /* bytes between the w tiles' rows */
@@ -879,9 +887,8 @@ static void matmul_q8(const bf16 *x, int R, int I, const Mat *w, int O, float *y
         if (which >> p & 1) groups += nb[p] = (w->part[p].rows + 15) / 16;
 #pragma omp for schedule(static)
     for (int c = 0; c < groups; c++) {
-        int p = 0, cg = c, o_part = 0;
-        while (cg >= nb[p]) cg -= nb[p], o_part += w->part[p].rows, p++;
-        const Part *P = &w->part[p];
+        int cg, o_part; /* the column group's index in its part, the part's first output */
+        const Part *P = &w->part[block_part(w, nb, c, &cg, &o_part)];
         const uint8_t *wc = (const uint8_t *)P->data + (size_t)cg * P->row_bytes;
         const int o0 = 16 * cg, no = P->rows - o0 < 16 ? P->rows - o0 : 16, qt = P->type;
         for (int r0 = 0; r0 < R; r0 += QRB) {
