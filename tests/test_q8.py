@@ -42,6 +42,7 @@ def _needs_q8():
 def test_packing_keeps_every_byte_and_every_value(qtype, rows):
     q = random_qtensor(qtype, rows, 96, seed=rows)
     p = pack(q)
+    assert torch.equal(fused.packed(q).data, p.data)  # in C: the same bytes
     assert p.nbytes == -(-rows // 16) * 16 * q.row_bytes  # the file's bytes, outputs padded to 16s
     assert torch.equal(unpack(p).data, q.data)
     ids = torch.tensor([0, rows - 1, 5, 5, rows // 2])

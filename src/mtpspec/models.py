@@ -113,7 +113,6 @@ def load_target(name: str | None = None, dtype: str | torch.dtype = "fp32", weig
 
     from . import gguf
     from .core import fused
-    from .core.quant import pack
 
     hf_logging.set_verbosity_error()
     torch_dtype = resolve_dtype(dtype)
@@ -144,7 +143,7 @@ def load_target(name: str | None = None, dtype: str | torch.dtype = "fp32", weig
             model, tok, quantized = gguf.load(gf, torch_dtype, weights)
             if q8:
                 try:
-                    quantized = {name: pack(q) for name, q in quantized.items()}
+                    quantized = {name: fused.packed(q) for name, q in quantized.items()}
                 except ValueError as e:
                     raise InputError(f"--dtype q8 cannot run {path.name}: {e}; use --dtype bf16.") from None
             model = attach(model.to(torch_dtype), quantized, torch_dtype)

@@ -1692,3 +1692,33 @@ int head_chain(const Head *h, const Seq *seq, int k, const elem *state, int64_t 
     free(st); free(emb); free(logits);
     return rc;
 }
+
+#ifndef FUSED_F32
+/* quant.pack in C: O rows of a Q4_0 / Q4_1 / Q8_0 matrix (GGML type qt, blocks as the file stores
+ * them, row_bytes each) -> (ceil(O / 16), I / 32 * pblk) bytes in matmul_q8's layout (see there);
+ * rows past O packed as zero blocks: quant.pack's bytes. */
+void fused_pack(const uint8_t *src, int qt, int O, int I, long row_bytes, uint8_t *dst) {
+    const int G = I / 32, C = (O + 15) / 16, pt = 0x100 + qt, B = pblk(pt), q0 = qt == Q_4_1 ? 4 : 2;
+    const int bb = qt == Q_8_0 ? 34 : qt == Q_4_1 ? 20 : 18; /* bytes per file block */
+    static const uint8_t zero[34] = {0};
+    memset(dst, 0, (size_t)C * G * B);
+    for (int o = 0; o < 16 * C; o++) { /* rows past O: zero blocks, as numpy's pack pads */
+        const int c = o / 16, n = o % 16;
+        for (int g = 0; g < G; g++) {
+            const uint8_t *blk = o < O ? src + (size_t)o * row_bytes + (size_t)bb * g : zero;
+            uint8_t *cell = dst + ((size_t)c * G + g) * B;
+            if (qt == Q_8_0) {
+                memcpy(cell + 512 + 2 * n, blk, 2);
+                for (int k = 0; k < 32; k++) cell[64 * (k / 4) + 4 * n + k % 4] = blk[2 + k] ^ 0x80;
+                continue;
+            }
+            memcpy(cell + 256 + 2 * n, blk, 2);
+            if (qt == Q_4_1) memcpy(cell + 288 + 2 * n, blk + 2, 2);
+            for (int k = 0; k < 32; k++) {
+                const int u = k < 16 ? blk[q0 + k] & 15 : blk[q0 + k - 16] >> 4; /* weight k */
+                cell[64 * (k / 8) + 4 * n + k % 4] |= (uint8_t)(u << (4 * (k / 4 % 2)));
+            }
+        }
+    }
+}
+#endif
