@@ -178,3 +178,12 @@ def test_q8_0_quantization_is_llama_cpps():
     # half a step, plus 127 steps of d's rounding to fp16 (2^-11 relative)
     assert (back - w).abs().reshape(20, 2, 32).le(d * (0.5 + 127 * 2.0**-11) + 1e-7).all()
     assert not back[3, :32].any()
+
+
+def test_a_q8_target_refuses_the_op_by_op_engine(q8_pair):
+    """Op by op its modules would compute bf16 products: it says so instead of running."""
+    from mtpspec.errors import InputError
+
+    t = mtpspec.Target(q8_pair[1], engine="torch")
+    with pytest.raises(InputError, match="q8 runs only in the fused forward"):
+        t.forward(torch.tensor([[5, 6]]), t.new_cache(16))

@@ -601,6 +601,9 @@ class Target:
     def _fused_forward(self) -> fused.FusedForward | None:
         if self._fused is None or self._fused[0] != self.dtype or (self._fused[1] is not None and not self._fused[1].current()):
             ok = self._engine_choice == "auto" and fused.unsupported(self) is None
+            if not ok and self.dtype_name == "q8":  # op by op it would compute bf16, not what it says
+                raise InputError(f"--dtype q8 runs only in the fused forward, which does not run this target: "
+                                 f"{self.engine_reason()}. Use --dtype bf16.")
             self._fused = (self.dtype, fused.FusedForward(self) if ok else None)
         return self._fused[1]
 
