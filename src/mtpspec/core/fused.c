@@ -1391,6 +1391,22 @@ typedef struct {
     const int *nanc, *anc;
 } Seq;
 
+/* The index of the first largest of v[0..V-1], as torch's argmax picks it; -1 where a NaN is */
+static int argmax_row(const float *v, int V) {
+    __m512 best = _mm512_set1_ps(-INFINITY);
+    __m512i at = _mm512_setzero_si512(), idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __mmask16 nan = 0;
+    for (int c = 0; c < (V + 15) / 16; c++, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(16))) {
+        const __m512 x = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m16(V - 16 * c), v + 16 * c);
+        nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        const __mmask16 gt = _mm512_cmp_ps_mask(x, best, _CMP_GT_OQ); /* strictly: a lane keeps its first */
+        best = _mm512_mask_mov_ps(best, gt, x);
+        at = _mm512_mask_mov_epi32(at, gt, idx);
+    }
+    const __mmask16 top = _mm512_cmp_ps_mask(best, _mm512_set1_ps(_mm512_reduce_max_ps(best)), _CMP_EQ_OQ);
+    return nan ? -1 : _mm512_mask_reduce_min_epi32(top, at);
+}
+
 /* The forward over the rows of nseq sequences at once (continuous batching): every matmul
  * reads each weight once for all rows; each sequence's rows attend only its own cache. By row
  * invariance (above) a row's outputs are what the sequence alone would compute, whatever else
@@ -1486,22 +1502,7 @@ void fused_forward_seqs(const Model *m, int nseq, const Seq *seqs, elem *x, int 
             }
             if (argmax) { /* each row's first largest logit, as torch's argmax picks it; -1 where a NaN is */
 #pragma omp for schedule(static)
-                for (int r = 0; r < nlog; r++) {
-                    const float *lr = logits + (size_t)r * V;
-                    __m512 best = _mm512_set1_ps(-INFINITY);
-                    __m512i at = _mm512_setzero_si512(), idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-                    __mmask16 nan = 0;
-                    for (int c = 0; c < chunks; c++, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(16))) {
-                        const __mmask16 k = m16(V - 16 * c);
-                        const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, lr + 16 * c);
-                        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-                        const __mmask16 gt = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ); /* strictly: a lane keeps its first */
-                        best = _mm512_mask_mov_ps(best, gt, v);
-                        at = _mm512_mask_mov_epi32(at, gt, idx);
-                    }
-                    const __mmask16 top = _mm512_cmp_ps_mask(best, _mm512_set1_ps(_mm512_reduce_max_ps(best)), _CMP_EQ_OQ);
-                    argmax[r] = nan ? -1 : _mm512_mask_reduce_min_epi32(top, at);
-                }
+                for (int r = 0; r < nlog; r++) argmax[r] = argmax_row(logits + (size_t)r * V, V);
             }
         }
     }
@@ -1681,13 +1682,9 @@ int head_chain(const Head *h, const Seq *seq, int k, const elem *state, int64_t 
         elem *next = st + (size_t)D * ((j + 1) % 2);
         head_step_seqs(h, 1, seq, 1, st + (size_t)D * (j % 2), emb, cos + (size_t)j * h->hd, sin + (size_t)j * h->hd,
                        w_vocab, V1, &w_extra, &E, E, next, logits, nthreads);
-        int best = 0;
-        for (int v = 0; v < V; v++) {
-            if (logits[v] != logits[v]) { rc = -1; break; }
-            if (logits[v] > logits[best]) best = v;
-        }
-        tok = ids ? ids[best] : best;
-        out[j] = tok;
+        const int best = argmax_row(logits, V);
+        if (best < 0) rc = -1;
+        else out[j] = tok = ids ? ids[best] : best;
     }
     free(st); free(emb); free(logits);
     return rc;

@@ -409,16 +409,13 @@ class FusedHead:
         h.norm_mlp = W.table([b.norm_mlp.weight if M else None for b in blocks])
         h.wgu = W.table([b.gate_up.weight if M else None for b in blocks])
         h.wdown = W.table([b.down.weight if M else None for b in blocks])
-        dims = [head.fc.weight.shape[1]] + [w.shape[1] for b in blocks for w in (b.q_proj.weight, b.o_proj.weight)] + \
-            [w.shape[1] for b in blocks if M for w in (b.gate_up.weight, b.down.weight)]
-        if tgt.dtype_name == "q8" and all(i % 32 == 0 for i in dims):
+        mats = {"qfc": [head.fc.weight], "qwq": [b.q_proj.weight for b in blocks], "qwo": [b.o_proj.weight for b in blocks]}
+        if M:
+            mats.update(qwgu=[b.gate_up.weight for b in blocks], qwdown=[b.down.weight for b in blocks])
+        if tgt.dtype_name == "q8" and all(w.shape[1] % 32 == 0 for ws in mats.values() for w in ws):
             # the head's matrices as Q8_0 blocks too: half their bytes, multiplied as the target's are
-            h.qfc = W.array(quant.Mat, [self._q8(W, head.fc.weight)])
-            h.qwq = W.array(quant.Mat, [self._q8(W, b.q_proj.weight) for b in blocks])
-            h.qwo = W.array(quant.Mat, [self._q8(W, b.o_proj.weight) for b in blocks])
-            if M:
-                h.qwgu = W.array(quant.Mat, [self._q8(W, b.gate_up.weight) for b in blocks])
-                h.qwdown = W.array(quant.Mat, [self._q8(W, b.down.weight) for b in blocks])
+            for name, ws in mats.items():
+                setattr(h, name, W.array(quant.Mat, [self._q8(W, w) for w in ws]))
         # (V1, D): the head's draft-vocabulary rows, else the target's LM head (dense or quantized)
         lm = tgt.weights().lm_head
         if head.draft_weight is None:
@@ -493,7 +490,6 @@ class FusedHead:
             per.append(tgt.finish_logits(logits[row0:row0 + n, :V1 + E].contiguous()))  # as alone: (n, V1 + E)
             row0 += n
         return out, per
-
 
     def chain_part(self) -> quant.Part | None:
         """The target's embedding as `head_chain` reads it (dense in the dtype, or blocks), or None

@@ -370,25 +370,16 @@ class MTPHead(nn.Module):
         """The drafts of one or more requests, each draft depth of all of them as one C call; one
         greedy request's whole chain as one call (`FusedHead.chain`) where it can."""
         n = len(inps)
+        starts = [self._round_start(inp, k) for inp, k in zip(inps, ks)]
         if n == 1 and samplings[0].greedy and ks[0] > 0 and (part := fast.chain_part()) is not None:
-            inp, k = inps[0], ks[0]
-            state = self.initial_state(inp.hidden.unsqueeze(1))  # (1, 1, D)
-            L = inp.cache.length
-            cos, sin = self.rope(torch.arange(L, L + k, device=state.device).unsqueeze(0), state)  # (1, K, hd)
-            ids, extra = self.round_vocab(inp.tokens)  # (V1 + E,) or None, (E, D) or None
-            toks = fast.chain(part, state, int(inp.tokens[0, -1]), cos[0], signed_sin(sin[0]), inp.cache,
-                              self.kv_layer, ids, extra)
+            state, (cos, sin), (ids, extra) = starts[0]
+            toks = fast.chain(part, state, int(inps[0].tokens[0, -1]), cos, sin, inps[0].cache, self.kv_layer, ids, extra)
             if toks is not None:
                 return [Draft(tokens=toks)]
-        states, toks, tables, vocab = [], [], [], []
-        for inp, k in zip(inps, ks):
-            state = self.initial_state(inp.hidden.unsqueeze(1))  # (1, 1, D)
-            L = inp.cache.length
-            cos, sin = self.rope(torch.arange(L, L + k, device=state.device).unsqueeze(0), state)  # (1, K, hd)
-            states.append(state)
-            toks.append(inp.tokens[:, -1:])  # (1, 1): the token at position L
-            tables.append((cos[0], signed_sin(sin[0])))  # (K, hd) each
-            vocab.append(self.round_vocab(inp.tokens))  # (V'',), (E, D): this request's round vocabulary
+        states = [s for s, _, _ in starts]
+        tables = [t for _, t, _ in starts]
+        vocab = [v for _, _, v in starts]
+        toks = [inp.tokens[:, -1:] for inp in inps]  # (1, 1) each: the token at position L
         drafted: list[list[torch.Tensor]] = [[] for _ in range(n)]
         qs: list[list[torch.Tensor]] = [[] for _ in range(n)]
         for j in range(max(ks, default=0)):
@@ -402,6 +393,16 @@ class MTPHead(nn.Module):
                 states[i] = out[:, r:r + 1]
                 toks[i] = self._pick(logits[r], vocab[i][0], samplings[i], generators[i], drafted[i], qs[i])
         return [self._draft(d, q) for d, q in zip(drafted, qs)]
+
+    def _round_start(self, inp: DraftInput, k: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor],
+                                                             tuple[torch.Tensor | None, torch.Tensor | None]]:
+        """One request's drafting round as the fused step reads it: the start state (1, 1, D), the
+        rotary tables (cos, signed sin) (k, hd) of its k positions, and its round vocabulary
+        (`round_vocab`: ids (V'',) or None, extra rows (E, D) or None)."""
+        state = self.initial_state(inp.hidden.unsqueeze(1))
+        L = inp.cache.length
+        cos, sin = self.rope(torch.arange(L, L + k, device=state.device).unsqueeze(0), state)  # (1, K, hd)
+        return state, (cos[0], signed_sin(sin[0])), self.round_vocab(inp.tokens)
 
     def _pick(self, logits: torch.Tensor, ids: torch.Tensor | None, sampling: SamplingConfig,
               generator: torch.Generator | None, drafted: list[torch.Tensor], qs: list[torch.Tensor]) -> torch.Tensor:
