@@ -315,6 +315,17 @@ def test_train_a_draft_model(model_dir, tmp_path):
     cfg = json.loads((run / "draft_model" / "config.json").read_text())
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]) == (16, 1, 97)
     assert not (run / "head").exists()
+    # started from the target: its width and first layer, trained from there
+    r = runner.invoke(app, ["train", "--min-steps", "0", "--target", str(d), "--data", str(tmp_path / "data"), "--out",
+                            str(tmp_path / "run2"), "--kind", "draft-model", "--draft-model-init", "target",
+                            "--draft-model-hidden", str(model.config.hidden_size), "--draft-model-layers", "1",
+                            "--epochs", "1", "--batch-size", "2", "--holdout", "0", "--no-bf16", "--cache-dtype", "fp32"])
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((tmp_path / "run2" / "draft_model" / "config.json").read_text())
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"]) == (model.config.hidden_size, 1)
+    r = runner.invoke(app, ["train", "--target", str(d), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run3"),
+                            "--kind", "draft-model", "--draft-model-init", "target", "--draft-model-hidden", "7"])
+    assert r.exit_code == 2 and "error:" in r.output and "--draft-model-hidden must be its width" in r.output
 
 
 # -- bad input: one `error:` line, exit 2, for every command ---------------------------------------

@@ -655,3 +655,75 @@ def test_mtpspec_train_online_writes_no_activation_cache(tmp_path):
     assert r.exit_code == 0, r.output
     assert (tmp_path / "run" / "head" / "mtp_head.safetensors").is_file()
     assert not list((tmp_path / "run").glob("activations*"))
+
+
+# -- the draft-model baseline (issue 47) ----------------------------------------------------------
+def _draft_cfg(**kw):
+    return TrainConfig(**{**dict(kind="draft-model", bf16=False), **kw})
+
+
+def test_a_draft_models_loss_scores_only_answer_rows_and_equals_scoring_every_row(tiny_run):
+    """The draft model's LM head runs from the batch's first answer row on (most rows are prompt
+    rows, and a full-vocabulary row is most of a step): the loss equals the one over every row's
+    logits, and the sum of the sequences' losses alone."""
+    from mtpspec.training.train import DraftModelObjective, distill_loss, draft_model, target_rows
+
+    model, root = tiny_run
+    samples = _uneven(load_cache(root / "act")[:6])
+    cfg = _draft_cfg(draft_model_hidden=16)
+    dm = draft_model(Target(model), cfg)
+    obj = DraftModelObjective(dm, cfg)
+    batch = collate(samples)
+    with torch.no_grad():
+        together, n = obj.loss(dm, batch)
+        ids = batch["ids"]
+        mask = (torch.arange(ids.shape[1]).unsqueeze(0) < batch["lengths"].unsqueeze(1)).long()
+        every = dm(input_ids=ids, attention_mask=mask).logits  # (B, T, V): every row
+        labels = torch.nn.functional.pad(ids[:, 1:], (0, 1))
+        full, n_full = distill_loss(every, batch["top_logp"], batch["top_ids"], labels, target_rows(batch, 1), None,
+                                    cfg.label_weight)
+        alone = [obj.loss(dm, collate([s])) for s in samples]
+    assert n == n_full == sum(m for _, m in alone) > 0
+    assert float(together) == pytest.approx(float(full), rel=1e-5)
+    assert float(together) == pytest.approx(sum(float(x) for x, _ in alone), rel=1e-5)
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_a_draft_model_started_from_the_target_is_its_first_layers(quantized):
+    """`--draft-model-init target`: with every layer the draft model computes the target's
+    logits; with one, it holds the target's embedding, first layer and norm. Its weights are its
+    own copy (training it leaves the target as it was), also from a GGUF target's blocks."""
+    from test_quant_target import quantized_pair
+
+    from mtpspec.training.train import draft_model
+
+    model = quantized_pair(2, torch.float32)[1] if quantized else tiny_model("llama")
+    target = Target(model)
+    H, L = model.config.hidden_size, model.config.num_hidden_layers
+    whole = draft_model(target, _draft_cfg(draft_model_hidden=H, draft_model_layers=L, draft_model_init="target"))
+    ids = torch.tensor([[5, 17, 42, 8, 9, 30, 2]])
+    with torch.no_grad():
+        assert torch.allclose(whole(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-5)
+    one = draft_model(target, _draft_cfg(draft_model_hidden=H, draft_model_layers=1, draft_model_init="target"))
+    assert one.config.num_hidden_layers == 1 and one.config.hidden_size == H
+    assert torch.equal(one.model.layers[0].self_attn.q_proj.weight, whole.model.layers[0].self_attn.q_proj.weight)
+    assert torch.equal(one.model.embed_tokens.weight, whole.model.embed_tokens.weight)
+    with torch.no_grad():
+        before = model(ids).logits.clone()
+        for p in one.parameters():
+            p.add_(1.0)
+        assert torch.equal(model(ids).logits, before)
+
+
+def test_a_draft_model_init_that_cannot_copy_the_target_says_why():
+    from mtpspec.training.train import draft_model
+
+    llama = Target(tiny_model("llama"))
+    with pytest.raises(InputError, match="--draft-model-hidden must be its width, 32"):
+        draft_model(llama, _draft_cfg(draft_model_hidden=16, draft_model_init="target"))
+    with pytest.raises(InputError, match="more than the target's 2 layers"):
+        draft_model(llama, _draft_cfg(draft_model_hidden=32, draft_model_layers=3, draft_model_init="target"))
+    with pytest.raises(InputError, match="copies a Llama target's layers; this target is 'qwen2'"):
+        draft_model(Target(tiny_model("qwen2")), _draft_cfg(draft_model_hidden=32, draft_model_init="target"))
+    with pytest.raises(InputError, match="draft_model_init must be one of random, target"):
+        _draft_cfg(draft_model_init="copy")

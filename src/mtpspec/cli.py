@@ -332,6 +332,9 @@ def train(
                                    "draft vocabulary are kept; the architecture flags below are then ignored)."),
     draft_model_hidden: int = option(TrainConfig, "draft_model_hidden", help="Hidden size of --kind draft-model."),
     draft_model_layers: int = option(TrainConfig, "draft_model_layers", help="Layers of --kind draft-model."),
+    draft_model_init: str = option(TrainConfig, "draft_model_init", help="How --kind draft-model starts: random, or "
+                                   "target (a copy of the target's embedding, first --draft-model-layers layers and "
+                                   "final norm; a Llama target, --draft-model-hidden = its width)."),
     assistant_hidden: int = option(TrainConfig, "assistant_hidden", help="Width of --kind gemma4-assistant."),
     assistant_layers: int = option(TrainConfig, "assistant_layers", help="Layers of --kind gemma4-assistant (the last "
                                    "one full attention, the others sliding)."),

@@ -196,6 +196,8 @@ class AcceptanceConfig:
 
 # What `mtpspec train --kind` can train.
 TRAIN_KINDS = ("mtp", "draft-model", "gemma4-assistant")
+# How `mtpspec train --kind draft-model` starts its model (TrainConfig.draft_model_init).
+DRAFT_MODEL_INITS = ("random", "target")
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,12 @@ class TrainConfig:
     # Hidden size / layers of the draft model (kind="draft-model").
     draft_model_hidden: int = 64
     draft_model_layers: int = 2
+    # How the draft model starts (DRAFT_MODEL_INITS): "random", or "target": a copy of the
+    # target's embedding (and LM head), its first `draft_model_layers` layers and its final norm,
+    # which needs a Llama target and draft_model_hidden equal to the target's width. The copy is
+    # the draft model's own (its memory and KV cache are a standalone model's); it is trained
+    # from there like a random one.
+    draft_model_init: str = "random"
     # Width / layers of a Gemma 4 assistant (kind="gemma4-assistant"); its attention reads the
     # target's store layers, so heads and head dims are the target's. Layers: sliding ones, the
     # last full attention (HF's assistant reads both kinds of the target's keys).
@@ -293,6 +301,9 @@ class TrainConfig:
             raise InputError(f"step_decay must be in (0, 1], got {self.step_decay}.")
         if self.draft_model_hidden < 1 or self.draft_model_layers < 1:
             raise InputError("draft_model_hidden and draft_model_layers must be >= 1.")
+        if self.draft_model_init not in DRAFT_MODEL_INITS:
+            raise InputError(f"draft_model_init must be one of {', '.join(DRAFT_MODEL_INITS)}, "
+                             f"got {self.draft_model_init!r}.")
         if self.assistant_hidden < 1 or self.assistant_layers < 1:
             raise InputError("assistant_hidden and assistant_layers must be >= 1.")
 

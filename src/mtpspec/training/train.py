@@ -360,10 +360,14 @@ class DraftModelObjective:
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
         ids = batch["ids"]
         mask = (torch.arange(ids.shape[1]).unsqueeze(0) < batch["lengths"].unsqueeze(1)).long()
-        logits = model(input_ids=ids, attention_mask=mask).logits  # (B, T, V)
-        valid = target_rows(batch, 1)
-        labels = F.pad(ids[:, 1:], (0, 1))
-        return distill_loss(logits, batch["top_logp"], batch["top_ids"], labels, valid, None, self.cfg.label_weight)
+        valid = target_rows(batch, 1)  # (B, T)
+        # the LM head only from the first column with a loss row on (B, T - start, V): a
+        # full-vocabulary row is most of a step's cost, and prompts are most of the rows
+        start = int(valid.any(0).nonzero()[0, 0]) if bool(valid.any()) else ids.shape[1] - 1
+        logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=ids.shape[1] - start).logits
+        labels = F.pad(ids[:, 1:], (0, 1))[:, start:]
+        return distill_loss(logits, batch["top_logp"][:, start:], batch["top_ids"][:, start:], labels,
+                            valid[:, start:], None, self.cfg.label_weight)
 
     @torch.no_grad()
     def acceptance(self, samples: Sequence[Sample], batch_size: int) -> dict[str, float]:
@@ -381,9 +385,13 @@ class DraftModelObjective:
 
 def draft_model(target: Target, cfg: TrainConfig) -> nn.Module:
     """A small Llama with its own (tied) embedding table over the target's full vocabulary,
-    usable as `assistant_model` in Hugging Face assisted generation."""
+    usable as `assistant_model` in Hugging Face assisted generation. With
+    `cfg.draft_model_init == "target"` it is the target's own first layers: see
+    `draft_model_from_target`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    if cfg.draft_model_init == "target":
+        return draft_model_from_target(target, cfg)
     D = cfg.draft_model_hidden
     c = LlamaConfig(vocab_size=target.vocab_size, hidden_size=D, intermediate_size=4 * D,
                     num_hidden_layers=cfg.draft_model_layers, num_attention_heads=max(1, D // 32),
@@ -393,6 +401,57 @@ def draft_model(target: Target, cfg: TrainConfig) -> nn.Module:
                     pad_token_id=getattr(target.config, "pad_token_id", None))
     torch.manual_seed(cfg.seed)
     return LlamaForCausalLM(c)
+
+
+def draft_model_from_target(target: Target, cfg: TrainConfig) -> nn.Module:
+    """A draft model that starts as a copy of the target's embedding (and LM head), its first
+    `cfg.draft_model_layers` decoder layers and its final norm, in fp32: a drafter that owns
+    what the MTP head borrows (issue 47's second baseline size), started where a practitioner
+    would start it. The copy is its own: nothing is shared with the target at decode time."""
+    from transformers import LlamaForCausalLM
+
+    check_draft_model_init(target.config, cfg)
+    t = target.config
+    c = type(t).from_dict({**t.to_dict(), "num_hidden_layers": cfg.draft_model_layers})
+    if getattr(c, "layer_types", None):
+        c.layer_types = c.layer_types[:cfg.draft_model_layers]
+    model = LlamaForCausalLM(c).float()
+    source = dict(target.model.named_modules())
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            w = getattr(module, "weight", None)
+            if not isinstance(w, nn.Parameter) or (name == "lm_head" and c.tie_word_embeddings):
+                continue
+            if name not in source:
+                raise InputError(f"The target has no module {name!r} to copy into the draft model; use "
+                                 "--draft-model-init random.")
+            w.copy_(dense_weight_of(source[name]))
+    return model
+
+
+def check_draft_model_init(t: Any, cfg: TrainConfig) -> None:
+    """Refuse, with the reason, a `draft_model_init` the target `t` (its config) cannot give:
+    called before the teacher is cached, so a wrong flag fails in seconds, not after hours."""
+    if cfg.kind != "draft-model" or cfg.draft_model_init != "target":
+        return
+    if getattr(t, "model_type", None) != "llama":
+        raise InputError(f"--draft-model-init target copies a Llama target's layers; this target is "
+                         f"{getattr(t, 'model_type', None)!r}. Use --draft-model-init random.")
+    if cfg.draft_model_hidden != t.hidden_size:
+        raise InputError(f"--draft-model-init target copies the target's layers, so --draft-model-hidden must be its "
+                         f"width, {t.hidden_size} (got {cfg.draft_model_hidden}).")
+    if cfg.draft_model_layers > t.num_hidden_layers:
+        raise InputError(f"--draft-model-layers {cfg.draft_model_layers} is more than the target's "
+                         f"{t.num_hidden_layers} layers.")
+
+
+def dense_weight_of(module: nn.Module) -> torch.Tensor:
+    """A module's weight as a dense fp32 tensor, whether it is a dense parameter or a GGUF
+    file's blocks (`qmodules`: dequantized to the values a dense load holds)."""
+    from ..core.qmodules import dense_weight
+
+    q = getattr(module, "qweight", None)
+    return dense_weight(q, torch.float32) if q is not None else module.weight.detach().float()
 
 
 # -- the loop ---------------------------------------------------------------------------------
@@ -649,11 +708,13 @@ def train_on_data(data_dirs: Sequence[str | Path | DataRef], out_dir: str | Path
     caches: list[str | Path | Samples]
     if online:
         cache_target = Target(load_target(target_name, cache_dtype).model)  # kept: it computes each sample when read
+        check_draft_model_init(cache_target.config, cfg)
         caches = [online_samples(cache_target, r, hc.hidden_layers, hc.kv_layer, teacher_topk) for r in refs]
     else:
         cache_dirs = [out / ("activations" if i == 0 else f"activations-{i}") for i in range(len(data_dirs))]
         if rank == 0:
             cache_target = Target(load_target(target_name, cache_dtype).model)
+            check_draft_model_init(cache_target.config, cfg)
             for ref, cache_dir in zip(refs, cache_dirs):
                 build_cache(cache_target, ref, cache_dir, hc.hidden_layers, hc.kv_layer, teacher_topk, progress=progress)
             del cache_target
