@@ -6,16 +6,17 @@
 # held out, bf16 autocast where the CPU has native bf16), two epochs over the cache (the shipped
 # head had four over 18x the data; two are what fitted the time box: ~6 s a step on one thread). Resumable: run it again and the cache continues at its first missing shard,
 # the training from its checkpoint.
-#   [R=runs/dm-3m] [T=1] bash reports/seed-comparison/train-baseline.sh
+# N=4 EPOCHS=1: the first four shards of each set (all of a set's shards where it has fewer), once.
+#   [R=runs/dm-3m] [T=1] [N=1] [EPOCHS=2] bash reports/seed-comparison/train-baseline.sh
 set -euo pipefail
-R=${R:-runs/dm-3m}; T=${T:-1}
+R=${R:-runs/dm-3m}; T=${T:-1}; N=${N:-1}; EPOCHS=${EPOCHS:-2}
 D=datasets/smollm2-135m-instruct
 DATA=""
 for s in v3-seed0 v3-seed1 v3-seed2 v4-docs-seed0 v4-docs-seed1 v5-seed3 v5-seed4 v5-seed5 v5-seed6-fp32 \
   v6-seed7-fp32 v6-seed8-fp32 v7-everyday-seed9-fp32 v8-seed10 v8-seed11; do
-  DATA="$DATA --data $D/$s:1"
+  n=$(ls $D/$s | grep -c '^shard_'); DATA="$DATA --data $D/$s:$(( n < N ? n : N ))"
 done
 RESUME=""; [ -f $R/checkpoint.pt ] && RESUME="--resume"
 OMP_NUM_THREADS=$T mtpspec train --kind draft-model $DATA --out $R --draft-model-hidden 64 --draft-model-layers 2 \
-  --epochs 2 --min-steps 0 --lr 2e-3 --warmup-steps 20 --batch-size 16 --eval-every 50 --save-every 10 --holdout 0.04 \
+  --epochs $EPOCHS --min-steps 0 --lr 2e-3 --warmup-steps 20 --batch-size 16 --eval-every 50 --save-every 10 --holdout 0.04 \
   --threads $T $RESUME
