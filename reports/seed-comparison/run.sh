@@ -8,10 +8,12 @@
 # its runs' folders (builtin-TAG-run1, specbench48-TAG, builtin-TAG-dm-k1; no TAG: builtin-run1,
 # specbench48, builtin-dm-k1). The 31.9M baseline (train-baseline-31m.sh):
 #   TAG=31m DM=runs/dm-31m/draft_model bash reports/seed-comparison/run.sh
-#   [O=reports/seed-comparison] [DM=DIR] [TAG=NAME] bash reports/seed-comparison/run.sh
+# HEAD: another head than the shipped one (at equal budget: train-head-equal.sh); K: mtp's k
+# (default: the head's recommended k; a head without one drafts 3).
+#   [O=reports/seed-comparison] [DM=DIR] [HEAD=DIR] [K=k] [TAG=NAME] bash reports/seed-comparison/run.sh
 set -euo pipefail
 O=${O:-reports/seed-comparison}; T=${TAG:+$TAG-}
-B="mtpspec bench --methods k0,mtp,draft-model -n 64 --threads 2 --no-progress ${DM:+--draft-model $DM}"
+B="mtpspec bench --methods k0,mtp,draft-model -n 64 --threads 2 --no-progress ${DM:+--draft-model $DM} ${HEAD:+--head $HEAD} ${K:+-k $K}"
 for r in 1 2 3; do
   $B --out $O/builtin-${T}run$r
 done
