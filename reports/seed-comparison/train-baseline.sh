@@ -10,12 +10,7 @@
 #   [R=runs/dm-3m] [T=1] [N=1] [EPOCHS=2] bash reports/seed-comparison/train-baseline.sh
 set -euo pipefail
 R=${R:-runs/dm-3m}; T=${T:-1}; N=${N:-1}; EPOCHS=${EPOCHS:-2}
-D=datasets/smollm2-135m-instruct
-DATA=""
-for s in v3-seed0 v3-seed1 v3-seed2 v4-docs-seed0 v4-docs-seed1 v5-seed3 v5-seed4 v5-seed5 v5-seed6-fp32 \
-  v6-seed7-fp32 v6-seed8-fp32 v7-everyday-seed9-fp32 v8-seed10 v8-seed11; do
-  n=$(ls $D/$s | grep -c '^shard_'); DATA="$DATA --data $D/$s:$(( n < N ? n : N ))"
-done
+. "$(dirname "$0")/data.sh"  # DATA: the 14 kept sets, N shards each
 RESUME=""; [ -f $R/checkpoint.pt ] && RESUME="--resume"
 OMP_NUM_THREADS=$T mtpspec train --kind draft-model $DATA --out $R --draft-model-hidden 64 --draft-model-layers 2 \
   --epochs $EPOCHS --min-steps 0 --lr 2e-3 --warmup-steps 20 --batch-size 16 --eval-every 50 --save-every 10 --holdout 0.04 \

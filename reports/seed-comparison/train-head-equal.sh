@@ -8,12 +8,7 @@
 #   [R=runs/head-4sh] [CACHE=runs/dm-3m-4sh] [T=1] [N=4] [EPOCHS=1] bash reports/seed-comparison/train-head-equal.sh
 set -euo pipefail
 R=${R:-runs/head-4sh}; T=${T:-1}; N=${N:-4}; EPOCHS=${EPOCHS:-1}; CACHE=${CACHE:-}
-D=datasets/smollm2-135m-instruct
-DATA=""
-for s in v3-seed0 v3-seed1 v3-seed2 v4-docs-seed0 v4-docs-seed1 v5-seed3 v5-seed4 v5-seed5 v5-seed6-fp32 \
-  v6-seed7-fp32 v6-seed8-fp32 v7-everyday-seed9-fp32 v8-seed10 v8-seed11; do
-  n=$(ls $D/$s | grep -c '^shard_'); DATA="$DATA --data $D/$s:$(( n < N ? n : N ))"
-done
+. "$(dirname "$0")/data.sh"  # DATA: the 14 kept sets, N shards each
 mkdir -p $R
 if [ -n "$CACHE" ]; then for a in "$(cd $CACHE && pwd)"/activations*; do ln -sfn $a $R/; done; fi
 RESUME=""; [ -f $R/checkpoint.pt ] && RESUME="--resume"
