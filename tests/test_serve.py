@@ -517,6 +517,34 @@ def test_a_relaxed_rule_is_per_request_and_every_reply_says_which(server, ref):
 
 
 # -- health, metrics, CLI ------------------------------------------------------------------------------
+def test_a_chats_next_turn_copies_the_last_turns_cache_and_replies_as_alone(server, ref):
+    """The server keeps finished requests' caches (`prefix_keep`): a follow-up turn, whose prompt
+    begins with the last turn's prompt and reply, copies those positions instead of prefilling
+    them, and its reply is still what it decodes alone."""
+    url, engine = server
+    assert engine.batch.config.prefix_keep == ServeConfig().prefix_keep > 0
+    if engine.target.engine != "fused":
+        pytest.skip("prefixes are copied on the fused engine only (the torch engine prefills every prompt)")
+    tok = ref[2]
+    first = [{"role": "user", "content": "w11 w12 w13 w14"}]
+    r1 = httpx.post(url + "/v1/chat/completions", json={"messages": first, "temperature": 0, "max_tokens": 12},
+                    timeout=30).json()
+    answer = r1["choices"][0]["message"]["content"]
+    second = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "w21 w22"}]
+    ids = tok.apply_chat_template(second, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    turn1 = tok.apply_chat_template(first, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    before = engine.batch.reused_tokens
+    r2 = httpx.post(url + "/v1/chat/completions", json={"messages": second, "temperature": 0, "max_tokens": 12},
+                    timeout=30).json()
+    assert r2["choices"][0]["message"]["content"] == expected(ref, ids, 12)[1]
+    # copied: the longest prefix the new prompt shares with what the first turn left in its cache
+    # (its prompt and reply, all but the reply's last id), short of the prompt's last id
+    held = turn1[0].tolist() + r1["mtpspec"]["token_ids"][:-1]
+    new = ids[0].tolist()
+    shared = next((i for i, (a, b) in enumerate(zip(new, held)) if a != b), min(len(new), len(held)))
+    assert engine.batch.reused_tokens - before == min(shared, len(new) - 1) >= turn1.shape[1] - 1 > 0
+
+
 def test_health_and_metrics_count_what_was_served(server):
     url, engine = server
     h = httpx.get(url + "/health").json()
@@ -565,6 +593,9 @@ def test_config_refuses_bad_limits_and_resolves_amx_blocks():
     for bad in (dict(max_tokens_limit=0), dict(default_max_tokens=0)):
         with pytest.raises(InputError, match="must be >= 1"):
             ServeConfig(**bad)
+    with pytest.raises(InputError, match="prefix_keep must be >= 0"):
+        ServeConfig(prefix_keep=-1)
+    assert ServeConfig(prefix_keep=3).batch_config().prefix_keep == 3
     assert ServeConfig().wants_amx_blocks() and not ServeConfig(max_running=1).wants_amx_blocks()
     assert not ServeConfig(amx_blocks=False).wants_amx_blocks() and ServeConfig(max_running=1, amx_blocks=True).wants_amx_blocks()
     # rows cost little on AMX tiles: the running requests share more drafts there

@@ -54,6 +54,13 @@ class ServeConfig:
     max_running: int = 8
     # Rows one target forward may run (running requests' rounds plus prompt chunks; `BatchConfig`).
     max_rows: int = 48
+    # Finished requests whose caches are kept for the next prompts that begin as theirs did (a
+    # chat's next turn, the same system prompt or instructions): those prompts copy the shared
+    # prefix's keys and values instead of prefilling it (`BatchConfig.prefix_keep`; exact, the
+    # copied slots are what their own prefill writes). Memory: each kept cache is its request's
+    # own (prompt + max_tokens + 64 slots; ~7 MB for SmolLM2 at 300). 0 keeps none (running
+    # requests are still read).
+    prefix_keep: int = 8
     # The most new tokens one request may ask for (max_tokens above it: 400).
     max_tokens_limit: int = 1024
     # New tokens for a request that names no max_tokens (capped by max_tokens_limit).
@@ -72,16 +79,20 @@ class ServeConfig:
             raise InputError(f"max_queue must be >= 0, got {self.max_queue}.")
         if self.max_running < 1:
             raise InputError(f"max_running must be >= 1, got {self.max_running}.")
+        if self.prefix_keep < 0:
+            raise InputError(f"prefix_keep must be >= 0 (0: keep no finished request's cache), got {self.prefix_keep}.")
         if self.max_tokens_limit < 1 or self.default_max_tokens < 1:
             raise InputError("max_tokens_limit and default_max_tokens must be >= 1.")
         self.batch_config()  # refuses a bad max_rows with its reason
 
     def batch_config(self) -> BatchConfig:
-        """The batch the worker decodes on: max_rows a forward, up to 16 of them for prompts; the
-        running requests share AMX_DRAFT_ROWS draft rows where quantized matrices run on AMX
-        tiles (rows cost little there), else BatchConfig's default."""
+        """The batch the worker decodes on: max_rows a forward, up to 16 of them for prompts, the
+        last prefix_keep finished requests' caches kept for their prefixes; the running requests
+        share AMX_DRAFT_ROWS draft rows where quantized matrices run on AMX tiles (rows cost
+        little there), else BatchConfig's default."""
         more = {"draft_rows": AMX_DRAFT_ROWS} if self.amx_blocks else {}
-        return BatchConfig(max_rows=self.max_rows, prefill_rows=min(16, self.max_rows), **more)
+        return BatchConfig(max_rows=self.max_rows, prefill_rows=min(16, self.max_rows), prefix_keep=self.prefix_keep,
+                           **more)
 
     def wants_amx_blocks(self) -> bool:
         """amx_blocks, with None resolved: on when requests are batched."""
@@ -130,11 +141,8 @@ class Job:
         return self._cancelled.is_set()
 
     def push(self, item: Chunk | BaseException | None) -> None:
-        """From the worker thread: hand over a chunk, an error, or None (the end)."""
-        try:
-            self._loop.call_soon_threadsafe(self._out.put_nowait, item)
-        except RuntimeError:  # the event loop is gone (server shut down): nobody will read
-            self._cancelled.set()
+        """From another thread: hand over a chunk, an error, or None (the end)."""
+        push_all([(self, item)])
 
     async def next(self, timeout: float | None = None) -> Chunk | None:
         """The next chunk, None after the last; raises the worker's error. `timeout`: raise
@@ -143,6 +151,26 @@ class Job:
         if isinstance(item, BaseException):
             raise item
         return item
+
+
+def push_all(items: list[tuple[Job, Chunk | BaseException | None]]) -> None:
+    """Hand over many jobs' items with one wake-up of each event loop, in order. The worker sends
+    a step's chunks this way: one wake-up per step instead of one per request, so the event
+    loop's thread competes less with the forward for the two cores."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, Chunk | BaseException | None]]] = {}
+    for job, item in items:
+        by_loop.setdefault(job._loop, []).append((job, item))
+    for loop, group in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, group)
+        except RuntimeError:  # the event loop is gone (server shut down): nobody will read
+            for job, _ in group:
+                job._cancelled.set()
+
+
+def _put_all(group: list[tuple[Job, Chunk | BaseException | None]]) -> None:
+    for job, item in group:
+        job._out.put_nowait(item)
 
 
 @dataclass
@@ -228,6 +256,7 @@ class Engine:
         self._cond = threading.Condition()
         self._closed = False
         self._active: dict[Job, _Active] = {}  # the jobs in the batch (written by the worker, under _cond)
+        self._outbox: list[tuple[Job, Chunk | BaseException | None]] = []  # the worker's, sent once a step
         self.batch = Batch(self.target, self.config.batch_config())
         # The HTTP side encodes prompts while the worker decodes replies: a fast tokenizer's
         # Rust object must not be used by two threads at once ("Already borrowed").
@@ -339,6 +368,7 @@ class Engine:
     # -- the worker thread -----------------------------------------------------------------------
     def _work(self) -> None:
         while True:
+            self._flush()  # what the last pass queued (a step's chunks, admission errors, cancellations)
             with self._cond:
                 while not self._waiting and not self._active and not self._closed:
                     self._cond.wait()
@@ -358,7 +388,7 @@ class Engine:
             except Exception as e:  # a bug, not the user's mistake: report it to every running job, keep serving
                 log.exception("decoding failed")
                 for job in list(self._active):
-                    job.push(e)
+                    self._send(job, e)
                     self._leave(job, "error")
                 continue
             self.metrics.step(self.batch.rows_last, len(self._active))
@@ -367,6 +397,16 @@ class Engine:
                 self._release(by_slot[id(slot)], new)
         for job in list(self._active):
             self._leave(job, "cancelled")
+        self._flush()
+
+    def _send(self, job: Job, item: Chunk | BaseException | None) -> None:
+        """From the worker: queue an item for the job; `_flush` sends what a step queued at once."""
+        self._outbox.append((job, item))
+
+    def _flush(self) -> None:
+        items, self._outbox = self._outbox, []
+        if items:
+            push_all(items)
 
     def _admit(self, job: Job) -> None:
         """A waiting job joins the batch (its prompt is prefilled by the next steps), with its own
@@ -378,8 +418,8 @@ class Engine:
             slot = self.batch.add(r.input_ids, r.max_new_tokens, drafter, self.num_draft_tokens, r.sampling, None,
                                   r.acceptance)
         except MtpspecError as e:
-            job.push(e)
-            job.push(None)
+            self._send(job, e)
+            self._send(job, None)
             self.metrics.count("error")
             return
         with self._cond:
@@ -393,11 +433,11 @@ class Engine:
             pieces = a.text.push(new.tokens, new.drafted, final=state.done)
         except Exception as e:  # the detokenizer failed: this job ends, the others go on
             log.exception("detokenizing failed")
-            job.push(e)
+            self._send(job, e)
             self._leave(job, "error")
             return
         done = state.done or a.text.stopped
-        job.push(self._chunk(state, new, pieces, self._finish_reason(state, a.text) if done else None))
+        self._send(job, self._chunk(state, new, pieces, self._finish_reason(state, a.text) if done else None))
         if done:
             self._leave(job, "ok")
 
@@ -409,7 +449,7 @@ class Engine:
             return
         if a.slot in self.batch.slots:
             self.batch.remove(a.slot)
-        job.push(None)
+        self._send(job, None)
         self.metrics.count(outcome, a.slot.state.stats)
 
     @staticmethod
