@@ -291,3 +291,38 @@ def test_multinomial_leaves_what_it_cannot_read_to_torch():
     assert sampling.multinomial(probs.double(), g).shape == (2, 1)
     with pytest.raises(RuntimeError):
         sampling.multinomial(torch.tensor([0.0, 0.0]), g)  # torch's own error
+
+
+@pytest.mark.parametrize("shape", [(1, 49_152), (7, 4_099), (3, 17), (2, 16), (5, 300)])
+def test_top_p_drops_the_tokens_torchs_sort_drops_ties_included(shape):
+    """`top_p_drop` (numpy's sorted values, then nucleus.c's partitions on the cut's side only)
+    drops exactly the tokens torch's unstable sort puts below the cut, where bf16 logits tie in
+    large groups, with -inf from a top-k, across temperatures and top_p. A selection that orders
+    ties in any other way (here: a stable sort) fails it."""
+    so = sampling._nucleus_built()
+    if so is None:
+        pytest.skip("nucleus.c is not built here (no C compiler, or not x86-64)")
+    assert sampling._nucleus() is so  # its first-use check passed: it is what top_p_drop runs
+    g = torch.Generator().manual_seed(shape[-1])
+    stable_differs = False
+    for trial in range(8):
+        scale = (0.3, 1.0, 3.0, 8.0)[trial % 4]
+        x = (torch.randn(shape, generator=g) * scale).bfloat16().float() / (0.7, 1.0)[trial % 2]
+        if trial % 3 == 2:  # a top-k before: -inf in most places
+            x = x.masked_fill(x < x.topk(min(5, shape[-1]), dim=-1).values[:, -1:], float("-inf"))
+        for top_p in (0.05, 0.5, 0.9, 0.99):
+            want = sampling._top_p_drop_torch(x, top_p)
+            assert torch.equal(sampling._top_p_drop_native(x.contiguous(), top_p, so), want), (trial, top_p)
+            assert torch.equal(sampling.top_p_drop(x, top_p), want), (trial, top_p)
+            _, idx = torch.sort(x, dim=-1, stable=True)
+            cum = x.gather(-1, idx).softmax(-1).cumsum(-1)
+            ds = cum <= 1 - top_p
+            ds[..., -1] = False
+            stable_differs |= not torch.equal(ds.scatter(-1, idx, ds), want)
+    assert stable_differs or shape[-1] <= 17  # the ties matter: a stable order drops other tokens
+
+
+def test_top_p_drop_leaves_what_it_cannot_read_to_torch():
+    x = torch.tensor([[1.0, float("nan"), 0.5], [0.0, 0.0, 1.0]])
+    torch.testing.assert_close(sampling.top_p_drop(x, 0.5), sampling._top_p_drop_torch(x, 0.5))
+    assert torch.equal(sampling.top_p_drop(x.double(), 0.5), sampling._top_p_drop_torch(x.double(), 0.5))
