@@ -23,6 +23,7 @@ import pytest
 import torch
 from conftest import chisquare_pvalue, tree_probs_without_renormalisation
 
+from mtpspec.core.sampling import multinomial
 from mtpspec.core.tree import children, path_to
 from mtpspec.core.verify import (
     accept_greedy,
@@ -432,3 +433,19 @@ def test_sampled_tree_rounds_match_the_target_law(rule, case, passes):
         assert pvalue > 1e-3
     else:
         assert pvalue < 1e-6
+
+
+def test_a_round_without_drafts_draws_what_the_general_rule_draws():
+    """K = 0 (a sampled request with no drafts this round): the token and the generator's state
+    after it equal the general rule's, whose law for no drafts is p_0 (and which draws no uniform)."""
+    g = torch.Generator().manual_seed(0)
+    for seed in range(20):
+        p = torch.rand(1, 300, generator=g) ** 8
+        p = p / p.sum(-1, keepdim=True)
+        empty = torch.empty(0, dtype=torch.long)
+        ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        n, tok = accept_speculative(empty, torch.empty(0, 300), p, ours)
+        _, next_dist = speculative_probs(empty, torch.empty(0, 300), p)
+        torch.rand(0, generator=theirs)
+        assert (n, tok) == (0, int(multinomial(next_dist[0], theirs)))
+        assert torch.equal(ours.get_state(), theirs.get_state())

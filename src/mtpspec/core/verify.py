@@ -100,6 +100,8 @@ def accept_speculative(
     draw for draw).
     """
     K = draft.shape[0]
+    if K == 0:  # nothing to test: the draw from p_0, as below (no uniform is drawn for no drafts)
+        return 0, int(multinomial(p[0], generator))
     accept, next_dist = speculative_probs(draft, q, p)  # (K,), (K + 1, V)
     if passes is not None:
         accept = torch.where(passes, torch.ones_like(accept), accept)
