@@ -50,10 +50,15 @@ def top_p_drop(x: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def _top_p_drop_torch(x: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_x, idx = torch.sort(x, dim=-1, descending=False)
-    cum = sorted_x.softmax(-1).cumsum(-1)
-    drop_sorted = cum <= (1.0 - top_p)
-    drop_sorted[..., -1] = False
+    drop_sorted = _sorted_drop(sorted_x, top_p)
     return drop_sorted.scatter(-1, idx, drop_sorted)
+
+
+def _sorted_drop(sorted_x: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(N, V) ascending values -> (N, V) bool: the sorted positions the cut drops."""
+    drop_sorted = sorted_x.softmax(-1).cumsum(-1) <= (1.0 - top_p)
+    drop_sorted[..., -1] = False
+    return drop_sorted
 
 
 def _top_p_drop_native(x: torch.Tensor, top_p: float, so: ctypes.CDLL) -> torch.Tensor | None:
@@ -62,9 +67,7 @@ def _top_p_drop_native(x: torch.Tensor, top_p: float, so: ctypes.CDLL) -> torch.
     sorted_x = torch.from_numpy(np.sort(x.numpy(), axis=-1))  # (N, V): torch.sort's values
     if not bool((sorted_x[:, -1] < float("inf")).all()):  # numpy sorts NaN and +inf last
         return None
-    cum = sorted_x.softmax(-1).cumsum(-1)
-    drop_sorted = cum <= (1.0 - top_p)
-    drop_sorted[..., -1] = False
+    drop_sorted = _sorted_drop(sorted_x, top_p)
     d = drop_sorted.sum(-1)  # (N,) sorted positions dropped: a prefix, the cumsum never falls
     if not torch.equal(drop_sorted, torch.arange(V)[None, :] < d[:, None]):
         return None

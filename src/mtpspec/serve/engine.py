@@ -79,11 +79,9 @@ class ServeConfig:
             raise InputError(f"max_queue must be >= 0, got {self.max_queue}.")
         if self.max_running < 1:
             raise InputError(f"max_running must be >= 1, got {self.max_running}.")
-        if self.prefix_keep < 0:
-            raise InputError(f"prefix_keep must be >= 0 (0: keep no finished request's cache), got {self.prefix_keep}.")
         if self.max_tokens_limit < 1 or self.default_max_tokens < 1:
             raise InputError("max_tokens_limit and default_max_tokens must be >= 1.")
-        self.batch_config()  # refuses a bad max_rows with its reason
+        self.batch_config()  # refuses a bad max_rows or prefix_keep with its reason
 
     def batch_config(self) -> BatchConfig:
         """The batch the worker decodes on: max_rows a forward, up to 16 of them for prompts, the
