@@ -257,6 +257,7 @@ def test_sixteen_concurrent_streams_each_get_their_whole_answer(server, ref):
     assert engine.queue_depth() == 0 and not engine.busy()
     steps = after["mtpspec_batch_steps_total"] - before["mtpspec_batch_steps_total"]
     assert steps < 16 * 16  # requests shared forwards: one at a time would take at least one step per token
+    assert after["mtpspec_batch_step_seconds_total"] > before["mtpspec_batch_step_seconds_total"]  # the worker's busy time
 
 
 def test_concurrent_seeded_samples_each_equal_the_request_served_alone(server, ref):

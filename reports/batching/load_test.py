@@ -5,10 +5,17 @@ llama.cpp's `llama-server --parallel N`, on the same GGUF file with the same thr
 
 For each server in turn: start it (its log goes to OUT/<server>.log), wait for /health, send one
 warm-up request, then for each concurrency N run N streaming chat clients (openai's, loopback,
-temperature 0, stream_options.include_usage), each sending its requests one after another,
-then stop the server (on Ctrl-C and errors too). Request k of a level (stream k % N, its
-k // N-th request) asks prompt k of the built-in set, taken round-robin over its categories
-and wrapping around, so every run and every server asks the same prompts in the same order.
+temperature 0, stream_options.include_usage), each sending requests one after another, then
+stop the server (on Ctrl-C and errors too). A level sends N x --requests-per-stream requests;
+request k asks prompt k of the built-in set, taken round-robin over its categories and wrapping
+around, so every run and every server asks the same prompts. `--queue shared` (the default):
+the N clients take the level's requests in order from one queue, each the next one as soon as
+its last reply ends, so N are in flight until fewer than N are left (the usual closed-loop
+benchmark at a fixed concurrency). `--queue per-stream`: client k % N sends request k, its own
+list in turn (the design before 2026-12-06): a client with short replies runs dry early, and the
+level ends on the clients with long ones, with fewer than N in flight. Each level reports how
+many requests were in flight on average (the sum of request latencies over the level's wall
+time), so the two can be told apart.
 
 The first level is the reference: it answers every prompt any later level asks (so it may send
 more than --requests-per-stream), and every later text is checked against it ("exact" =
@@ -66,6 +73,7 @@ class Config:
     servers: tuple[str, ...]
     streams: tuple[int, ...]
     requests_per_stream: int
+    queue: str  # "shared" or "per-stream"
     time_limit: float
     max_tokens: int
     count: str  # "usage" or "tokenizer"
@@ -239,6 +247,30 @@ def running(argv: list[str], port: int, log: Path, timeout: float) -> Iterator[s
             stop(proc)
 
 
+def mtpspec_counters(url: str) -> dict[str, float]:
+    """The batch counters of `mtpspec serve`'s /metrics (steps, rows, requests x steps, step seconds)."""
+    names = ("batch_steps_total", "batch_rows_total", "batch_step_seconds_total")
+    got = {}
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.removeprefix("mtpspec_") in names + ("batch_size",):
+            got[name.removeprefix("mtpspec_")] = float(value)
+    got["running_sum"] = got.pop("batch_size", 0.0) * got.get("batch_steps_total", 0.0)  # the gauge is a mean over steps
+    return got
+
+
+def batch_numbers(before: dict[str, float], after: dict[str, float], wall: float) -> dict:
+    """A level's batch steps from the counters' change: how many, rows and requests per step,
+    ms per step, and the share of the wall time the decode thread was in a step."""
+    steps = after["batch_steps_total"] - before["batch_steps_total"]
+    if steps <= 0:
+        return {}
+    busy = after.get("batch_step_seconds_total", 0.0) - before.get("batch_step_seconds_total", 0.0)
+    return {"steps": int(steps), "rows_per_step": round((after["batch_rows_total"] - before["batch_rows_total"]) / steps, 2),
+            "requests_per_step": round((after["running_sum"] - before["running_sum"]) / steps, 2),
+            "ms_per_step": round(1e3 * busy / steps, 2), "busy": round(busy / wall, 3) if wall > 0 else None}
+
+
 def served_model(url: str) -> str:
     return httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
 
@@ -296,6 +328,15 @@ async def run_stream(client: AsyncOpenAI, model: str, reqs: list[Request], cfg: 
             print(f"    stream {r.stream} prompt {r.key}: {r.end - r.start:.2f} s, {status}", flush=True)
 
 
+async def run_shared(client: AsyncOpenAI, model: str, queue: list[Request], stream: int, cfg: Config,
+                     deadline: float, results: list[Result]) -> None:
+    """One client of a shared queue: the next request as soon as its last reply ends (the
+    asyncio loop is one thread: pop needs no lock)."""
+    while queue and time.monotonic() < deadline:
+        req = queue.pop(0)
+        await run_stream(client, model, [Request(req.key, stream, req.prompt)], cfg, deadline, results)
+
+
 async def run_level(url: str, model: str, plan: list[list[Request]], cfg: Config) -> tuple[list[Result], float]:
     # A fresh connection per request (loopback: ~0.1 ms): a kept-alive one that the server closed
     # between two requests fails the next one at once, which is no measure of the server.
@@ -304,8 +345,13 @@ async def run_level(url: str, model: str, plan: list[list[Request]], cfg: Config
                            http_client=httpx.AsyncClient(limits=limits, timeout=cfg.request_timeout)) as client:
         results: list[Result] = []
         start = time.monotonic()
-        await asyncio.gather(*(run_stream(client, model, reqs, cfg, start + cfg.time_limit, results)
-                               for reqs in plan))
+        if cfg.queue == "shared":  # request k of the plan's order: key order
+            queue = [reqs[i] for i in range(max(map(len, plan))) for reqs in plan if i < len(reqs)]  # request k = plan[k % N][k // N]
+            await asyncio.gather(*(run_shared(client, model, queue, i, cfg, start + cfg.time_limit, results)
+                                   for i in range(len(plan))))
+        else:
+            await asyncio.gather(*(run_stream(client, model, reqs, cfg, start + cfg.time_limit, results)
+                                   for reqs in plan))
         return results, time.monotonic() - start
 
 
@@ -365,6 +411,7 @@ def summarize(n: int, results: list[Result], wall: float, counter: Counter, refe
         "itl_p50_ms": r3(None if not itl else pct(itl, 0.5) * 1e3),
         "itl_p95_ms": r3(None if not itl else pct(itl, 0.95) * 1e3),
         "mean_latency_s": r3(sum(r.end - r.start for r in ok) / len(ok) if ok else None),
+        "in_flight": r3(sum(r.end - r.start for r in results) / wall if wall > 0 else None),
         "exact_compared": len(compared), "mismatches": sum(r.text != reference[r.key] for r in compared),
         "requests_detail": [record(r, t, reference) for r, t in zip(ok, tokens)]
                            + [record(r, None, reference) for r in results if r.error],
@@ -374,10 +421,14 @@ def summarize(n: int, results: list[Result], wall: float, counter: Counter, refe
 def level_line(name: str, lv: dict) -> str:
     fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
     line = (f"[{name}] {lv['streams']:>3} streams: {lv['requests']} requests ({lv['errors']} errors), "
-            f"{lv['completion_tokens']} tokens in {lv['wall_s']:.1f} s = {lv['agg_tok_s']:.1f} tok/s; "
+            f"{lv['completion_tokens']} tokens in {lv['wall_s']:.1f} s = {lv['agg_tok_s']:.1f} tok/s "
+            f"({lv['in_flight']:.2f} in flight on average); "
             f"TTFT p50/p95 {fmt(lv['ttft_p50_s'], '.3f')}/{fmt(lv['ttft_p95_s'], '.3f')} s; "
             f"ITL p50/p95 {fmt(lv['itl_p50_ms'], '.1f')}/{fmt(lv['itl_p95_ms'], '.1f')} ms; "
             f"exact {lv['exact_compared'] - lv['mismatches']}/{lv['exact_compared']}")
+    if b := lv.get("batch"):
+        line += (f"; {b['steps']} steps, {b['rows_per_step']} rows and {b['requests_per_step']} requests a step, "
+                 f"{b['ms_per_step']} ms a step, busy {b['busy']:.0%}")
     return line + (f"; first error: {lv['first_error']}" if lv["first_error"] else "")
 
 
@@ -397,10 +448,13 @@ def run_server(name: str, cfg: Config, prompts: list[Prompt], counter: Counter) 
         for i, n in enumerate(cfg.streams):
             per_stream = reference_per_stream(cfg, len(prompts)) if i == 0 else cfg.requests_per_stream
             print(f"[{name}] {n} streams x {per_stream} requests ...", flush=True)
+            before = mtpspec_counters(url) if name == "mtpspec" else None
             results, wall = asyncio.run(run_level(url, model, level_requests(prompts, n, per_stream), cfg))
             if i == 0:
                 reference = {r.key: r.text for r in results if r.error is None}
             levels.append(summarize(n, results, wall, counter, {} if i == 0 else reference))
+            if before is not None:
+                levels[-1]["batch"] = batch_numbers(before, mtpspec_counters(url), wall)
             print(level_line(name, levels[-1]), flush=True)
     print(f"[{name}] stopped", flush=True)
     return {"argv": argv, "model": model, "version": version(argv[0], name), "levels": levels,
@@ -444,20 +498,21 @@ def markdown(cfg: Config, runs: dict[str, dict], rows: list[dict]) -> str:
     out = [f"# Load test: {', '.join(runs)}", "",
            f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {cfg.gguf.name}; "
            f"{cfg.threads} threads per server; max_tokens {cfg.max_tokens}, temperature 0, streaming; "
-           f"{cfg.requests_per_stream} requests per stream (the first level answers every prompt the others "
-           f"ask), time limit {cfg.time_limit:.0f} s a level. Tokens counted by {cfg.count}. "
-           f"ITL: {ITL_RULE}. `exact`: texts equal to the same prompt's at the first level.", ""]
+           f"{cfg.requests_per_stream} requests per stream, queue {cfg.queue} (the first level answers every "
+           f"prompt the others ask), time limit {cfg.time_limit:.0f} s a level. Tokens counted by {cfg.count}. "
+           f"ITL: {ITL_RULE}. `in flight`: requests in flight on average (latencies summed over the wall "
+           f"time). `exact`: texts equal to the same prompt's at the first level.", ""]
     for name, run in runs.items():
         out += [f"## {name}", "", f"`{shlex.join(run['argv'])}` ({run['version']})", "",
                 "| streams | requests | errors | tokens | wall s | agg tok/s | x first | TTFT p50 s | TTFT p95 s "
-                "| ITL p50 ms | ITL p95 ms | mean latency s | exact |", "|" + "---|" * 13]
+                "| ITL p50 ms | ITL p95 ms | mean latency s | in flight | exact |", "|" + "---|" * 14]
         base = run["levels"][0]["agg_tok_s"]
         for lv in run["levels"]:
             fb = f" ({lv['tokenizer_fallbacks']} tokenized)" if lv["tokenizer_fallbacks"] else ""
             out.append(f"| {lv['streams']} | {lv['requests']} | {lv['errors']} | {lv['completion_tokens']}{fb} "
                        f"| {lv['wall_s']:.1f} | {lv['agg_tok_s']:.1f} | {fmt(ratio(lv['agg_tok_s'], base), '.2f')} "
                        f"| {fmt(lv['ttft_p50_s'])} | {fmt(lv['ttft_p95_s'])} | {fmt(lv['itl_p50_ms'], '.1f')} "
-                       f"| {fmt(lv['itl_p95_ms'], '.1f')} | {fmt(lv['mean_latency_s'])} "
+                       f"| {fmt(lv['itl_p95_ms'], '.1f')} | {fmt(lv['mean_latency_s'])} | {fmt(lv.get('in_flight'), '.2f')} "
                        f"| {lv['exact_compared'] - lv['mismatches']}/{lv['exact_compared']} |")
         out.append("")
     if len(runs) > 1:
@@ -491,6 +546,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--servers", default="mtpspec", help=f"comma-separated, run one after the other: {', '.join(SERVERS)}")
     p.add_argument("--streams", default="1,2,4,8,16", help="concurrency levels, the first is the reference")
     p.add_argument("--requests-per-stream", type=int, default=2, help="requests each client sends in turn")
+    p.add_argument("--queue", choices=("shared", "per-stream"), default="shared",
+                   help="shared: the clients take a level's requests from one queue (N in flight until fewer "
+                        "are left); per-stream: client k %% N sends request k (each its own list)")
     p.add_argument("--time-limit", type=float, default=300, help="seconds a level may start requests for")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--count", choices=("usage", "tokenizer"), default="usage",
@@ -521,7 +579,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     gguf_path = a.gguf or default_gguf_path()
     if not gguf_path.is_file():
         p.error(f"--gguf: {gguf_path} is not a file")
-    return Config(servers, streams, a.requests_per_stream, a.time_limit, a.max_tokens, a.count, a.threads,
+    return Config(servers, streams, a.requests_per_stream, a.queue, a.time_limit, a.max_tokens, a.count, a.threads,
                   gguf_path, a.gguf is not None, a.ctx_per_stream, a.parallel or max(streams),
                   tuple(shlex.split(a.mtpspec_args)), tuple(shlex.split(a.llama_args)), a.llama_server,
                   a.startup_timeout, a.request_timeout, a.out, a.verbose)

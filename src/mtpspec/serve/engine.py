@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -181,13 +182,15 @@ class Metrics:
     steps: int = 0  # batch steps (target forwards of the worker)
     rows: int = 0  # rows over those forwards
     running_sum: int = 0  # requests in the batch, summed over the steps
+    step_s: float = 0.0  # seconds the worker spent in steps (draft, forward, accept), summed
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def step(self, rows: int, running: int) -> None:
+    def step(self, rows: int, running: int, seconds: float) -> None:
         with self.lock:
             self.steps += 1
             self.rows += rows
             self.running_sum += running
+            self.step_s += seconds
 
     def count(self, outcome: str, stats: DecodeStats | None = None) -> None:
         with self.lock:
@@ -382,6 +385,7 @@ class Engine:
             if not self.batch.slots:
                 continue
             try:
+                t0 = time.perf_counter()
                 rounds = self.batch.step()
             except Exception as e:  # a bug, not the user's mistake: report it to every running job, keep serving
                 log.exception("decoding failed")
@@ -389,7 +393,7 @@ class Engine:
                     self._send(job, e)
                     self._leave(job, "error")
                 continue
-            self.metrics.step(self.batch.rows_last, len(self._active))
+            self.metrics.step(self.batch.rows_last, len(self._active), time.perf_counter() - t0)
             by_slot = {id(a.slot): job for job, a in self._active.items()}
             for slot, new in rounds:
                 self._release(by_slot[id(slot)], new)
@@ -468,7 +472,7 @@ def render_metrics(engine: Engine) -> str:
     m = engine.metrics
     with m.lock:
         requests, relaxed = dict(m.requests), m.relaxed
-        total, steps, rows, running_sum = m.total, m.steps, m.rows, m.running_sum
+        total, steps, rows, running_sum, step_s = m.total, m.steps, m.rows, m.running_sum, m.step_s
     tps = total.tokens_per_s or 0.0
     lines = ["# HELP mtpspec_requests_total Requests by outcome (rejected = queue full).",
              "# TYPE mtpspec_requests_total counter"]
@@ -488,6 +492,8 @@ def render_metrics(engine: Engine) -> str:
         ("batch_rows_total", "counter", "Rows over those forwards (verify rows and prompt chunks).", rows),
         ("rows_per_forward", "gauge", "Mean rows per batch step.", round(rows / steps, 3) if steps else 0.0),
         ("batch_size", "gauge", "Mean requests in the batch per step.", round(running_sum / steps, 3) if steps else 0.0),
+        ("batch_step_seconds_total", "counter", "Seconds the decode thread spent in batch steps (its busy time).",
+         round(step_s, 3)),
     ):
         lines += [f"# HELP mtpspec_{name} {help_}", f"# TYPE mtpspec_{name} {kind}", f"mtpspec_{name} {value}"]
     return "\n".join(lines) + "\n"
