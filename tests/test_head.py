@@ -72,6 +72,41 @@ def test_draft_vocab_buffer_is_counted_and_drafts_map_back():
     assert set(d.tokens.tolist()) <= set(vocab.tolist())
 
 
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return a is None and b is None or a is not None and b is not None and torch.equal(a, b)
+
+
+def test_round_vocab_kept_between_rounds_is_the_whole_contexts():
+    """A request's round vocabulary kept in its memo, round after round as its context grows,
+    is the one computed from the whole context: the same ids in the same order, the same rows."""
+    model = tiny_model("llama")
+    ids = torch.tensor([5, 9, 17, 40, 41, 60, 70, 96])
+    head = MTPHead.for_target(model, HeadConfig(draft_vocab_size=8), draft_ids=ids)
+    g = torch.Generator().manual_seed(0)
+    context, memo = torch.tensor([[5, 9]]), {}
+    for _ in range(40):
+        got, want = head.round_vocab(context, memo), head.round_vocab(context)
+        assert _same(got[0], want[0]) and _same(got[1], want[1])
+        context = torch.cat([context, torch.randint(4, 97, (1, int(torch.randint(1, 4, (1,), generator=g))),
+                                                    generator=g)], 1)
+    assert 10 < len(memo["round_vocab"][2]) < 89  # rows were added along the way, and not every id was seen
+    # kept for another context (its last covered id differs): computed from the whole context
+    other = context.clone()
+    other[0, memo["round_vocab"][0] - 1] = 5 if int(other[0, memo["round_vocab"][0] - 1]) != 5 else 9
+    other = torch.cat([other, torch.tensor([[3]])], 1)
+    assert _same(head.round_vocab(other, memo)[0], head.round_vocab(other)[0])
+
+
+def test_round_rope_is_ropes_own_call():
+    head = MTPHead.for_target(tiny_model("llama"))
+    like = torch.zeros(1, 1, 4)  # the tables' dtype and device
+    for L, k in [(0, 1), (7, 3), (7, 3), (100, 6), (5, 2)]:
+        cos, sin = head.rope(torch.arange(L, L + k).unsqueeze(0), like)
+        got = head.round_rope(L, k, like)
+        assert torch.equal(got[0], cos[0]) and torch.equal(got[1], torch.cat([-sin[0, :, :sin.shape[-1] // 2],
+                                                                               sin[0, :, sin.shape[-1] // 2:]], -1))
+
+
 def test_save_load_round_trip(tmp_path):
     model = tiny_model("qwen3")
     head = MTPHead.for_target(model, HeadConfig(num_blocks=2, hidden_layers=(-2, -1), mlp_ratio=1.0))

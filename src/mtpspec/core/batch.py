@@ -270,7 +270,8 @@ class Batch:
                 together.setdefault(id(s.drafter), []).append((s, k))
         for group in together.values():
             drafter = group[0][0].drafter
-            got = drafter.propose_many([DraftInput(s.state.tokens, s.state.hidden, s.state.cache) for s, _ in group],  # type: ignore[union-attr]
+            got = drafter.propose_many([DraftInput(s.state.tokens, s.state.hidden, s.state.cache, s.state.draft_memo)
+                                        for s, _ in group],  # type: ignore[union-attr]
                                        [k for _, k in group], [s.state.sampling for s, _ in group],
                                        [s.state.generator for s, _ in group])
             for (s, _), d in zip(group, got):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -50,6 +50,8 @@ class DecodeState:
     done: bool = False
     # Which drafts a round accepts: exact (the target's own output) unless a relaxed rule is asked for.
     acceptance: AcceptanceConfig = AcceptanceConfig()
+    # The drafter's scratch for this request between rounds (`DraftInput.memo`); it goes with the request.
+    draft_memo: dict = field(default_factory=dict)
 
     @property
     def new_tokens(self) -> list[int]:
@@ -196,7 +198,7 @@ def prepare(drafter: Drafter | None, state: DecodeState, k: int, draft: Draft | 
     its tree layout, and the rows (the last committed token, then the drafts)."""
     if draft is None:
         if k > 0:
-            draft = drafter.propose(DraftInput(state.tokens, state.hidden, state.cache), k, state.sampling,  # type: ignore[union-attr]
+            draft = drafter.propose(DraftInput(state.tokens, state.hidden, state.cache, state.draft_memo), k, state.sampling,  # type: ignore[union-attr]
                                     state.generator)
         else:
             draft = Draft(tokens=state.tokens.new_empty(0))

@@ -23,6 +23,9 @@ class DraftInput:
     tokens: torch.Tensor  # (1, L + 1): prompt + accepted tokens; the last is not yet in the cache
     hidden: torch.Tensor  # (1, F): target features (the drafter's `hidden_layers`) at position L - 1
     cache: KVCache  # the target's cache, L committed positions; a drafter must not modify it
+    # The request's scratch between its rounds (its `DecodeState.draft_memo`), where a drafter may
+    # keep what the next round can reuse (the head: its round vocabulary so far); None: nothing kept.
+    memo: dict | None = None
 
 
 @dataclass

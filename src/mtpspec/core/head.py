@@ -170,6 +170,9 @@ class MTPHead(nn.Module):
         self.copy_context = True
         # (dtype, the draft step as one C call or None), made on first use: see `fused_step`
         self.__dict__["_fused"] = None
+        # (L, k, dtype) -> a round's rotary rows, as `rope` computes them (see `round_rope`)
+        self.__dict__["_rope_memo"] = {}
+        self.__dict__["_draft_set"] = None  # (draft_ids, their set), made on first use: see `_draft_members`
         self.to(device=target.device)
 
     def _init_weights(self) -> None:
@@ -271,15 +274,54 @@ class MTPHead(nn.Module):
             z = torch.cat([z, lin(extra, normed)], dim=-1)  # (..., V' + E)
         return self.target.finish_logits(z)
 
-    def round_vocab(self, context: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def round_vocab(self, context: torch.Tensor, memo: dict | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The vocabulary one drafting round scores: (ids (V'',), the LM head's rows for the ids
         beyond the draft vocabulary (E, D) or None); ids None = the whole vocabulary. With a
         reduced draft vocabulary and `copy_context`: the draft vocabulary, then the tokens of
-        `context` (1, L) outside it."""
+        `context` (1, L) outside it, ascending.
+
+        `memo`: the request's scratch (`DraftInput.memo`), where the last round's vocabulary is
+        kept with the context length it covered. A request's context only grows, so the next
+        round looks at its new tokens alone, and adds rows only for ids it has not seen (each
+        row is the LM head's own, as computed over the whole context: the same tensors). 8
+        requests a step on SmolLM2: ~150 us a round over the whole context, a few us here."""
         if self.draft_ids is None:
             return None, None
         if not self.copy_context:
             return self.draft_ids, None
+        if memo is None:
+            return self._round_vocab_whole(context)
+        L = int(context.shape[1])
+        kept = memo.get("round_vocab")  # (positions covered, the id at the last of them, extra ids, ids, rows)
+        tail = [] if kept is None or not 0 < kept[0] <= L else context[0, kept[0] - 1:].tolist()
+        if not tail or tail[0] != kept[1]:  # nothing kept (or kept for another context): the whole context
+            ids, extra = self._round_vocab_whole(context)
+            members = frozenset(ids[len(self.draft_ids):].tolist())
+        else:
+            _, _, members, ids, extra = kept
+            draft = self._draft_members()
+            new = sorted({t for t in tail[1:] if t not in members and t not in draft})
+            if new:
+                members = members | frozenset(new)
+                new_ids = torch.tensor(new, dtype=torch.long, device=context.device)
+                new_rows = self.target.lm_head_rows(new_ids).to(self.draft_weight.dtype)
+                old = ids[len(self.draft_ids):]
+                merged, order = torch.cat([old, new_ids]).sort(stable=True)  # (E,): ascending, as nonzero gives them
+                ids = torch.cat([self.draft_ids, merged])
+                extra = (new_rows if extra is None else torch.cat([extra, new_rows]))[order]
+        memo["round_vocab"] = (L, int(context[0, -1]) if L else None, members, ids, extra)
+        return ids, extra
+
+    def _draft_members(self) -> frozenset[int]:
+        """The draft vocabulary's ids as a set (made once per head and vocabulary)."""
+        made = self.__dict__.get("_draft_set")
+        if made is None or made[0] is not self.draft_ids:
+            made = (self.draft_ids, frozenset(self.draft_ids.tolist()))
+            self.__dict__["_draft_set"] = made
+        return made[1]
+
+    def _round_vocab_whole(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`round_vocab` from the whole context (1, L)."""
         seen = torch.zeros(self.target.vocab_size, dtype=torch.bool, device=context.device)
         seen[context.flatten()] = True
         seen[self.draft_ids] = False
@@ -400,9 +442,25 @@ class MTPHead(nn.Module):
         rotary tables (cos, signed sin) (k, hd) of its k positions, and its round vocabulary
         (`round_vocab`: ids (V'',) or None, extra rows (E, D) or None)."""
         state = self.initial_state(inp.hidden.unsqueeze(1))
-        L = inp.cache.length
-        cos, sin = self.rope(torch.arange(L, L + k, device=state.device).unsqueeze(0), state)  # (1, K, hd)
-        return state, (cos[0], signed_sin(sin[0])), self.round_vocab(inp.tokens)
+        return state, self.round_rope(inp.cache.length, k, state), self.round_vocab(inp.tokens, inp.memo)
+
+    def round_rope(self, L: int, k: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin), (k, hd) each, at positions L .. L + k - 1: `rope`'s own call for
+        exactly these positions, kept per (L, k, dtype) where the target's table depends on the
+        positions only (`fused.STATIC_ROPE`), as the fused forward keeps its own (~75 us a
+        request a round on SmolLM2)."""
+        static = getattr(self.target.rotary_emb, "rope_type", None) in fused.STATIC_ROPE
+        memo = self.__dict__["_rope_memo"]
+        key = (L, k, like.dtype, like.device)
+        if static and (hit := memo.get(key)) is not None:
+            return hit
+        cos, sin = self.rope(torch.arange(L, L + k, device=like.device).unsqueeze(0), like)  # (1, K, hd)
+        got = cos[0], signed_sin(sin[0])
+        if static:
+            if len(memo) >= fused.ROPE_CACHE:
+                memo.clear()
+            memo[key] = got
+        return got
 
     def _pick(self, logits: torch.Tensor, ids: torch.Tensor | None, sampling: SamplingConfig,
               generator: torch.Generator | None, drafted: list[torch.Tensor], qs: list[torch.Tensor]) -> torch.Tensor:
