@@ -471,6 +471,40 @@ def test_each_streamed_token_is_flagged_as_an_accepted_draft_or_the_targets_own(
     assert any(len(c.pieces) > 1 for c in chunks) and last.mean_accepted > 1
 
 
+def test_a_stream_interval_sends_fewer_chunks_of_the_same_reply(tiny):
+    """Held text goes out with the next round's: with an interval longer than the reply, the
+    first chunk and the last carry every token and piece, in order, with their flags."""
+    _, tok = tiny
+    model = tiny_model()
+    model.generation_config.eos_token_id = None
+    ids = chat_ids(tok, PROMPT)
+    cont = mtpspec.generate(model, None, ids, max_new_tokens=30, num_draft_tokens=0).sequences[0].tolist()
+
+    def chunks(interval: float) -> list:
+        engine = Engine(model, OracleDrafter(cont), tok, ServeConfig(num_draft_tokens=2, stream_interval=interval))
+
+        async def run() -> list:
+            job = engine.submit(DecodeRequest(ids, 30, SamplingConfig()))
+            got = []
+            while (c := await job.next(30)) is not None:
+                got.append(c)
+            return got
+
+        try:
+            return asyncio.run(run())
+        finally:
+            engine.close()
+
+    every, held = chunks(0.0), chunks(3600.0)
+    assert len(every) > 3 and len(held) == 2
+    assert [t for c in held for t in c.token_ids] == [t for c in every for t in c.token_ids] == cont[ids.shape[1]:]
+    assert [p for c in held for p in c.pieces] == [p for c in every for p in c.pieces]
+    assert held[-1].finish_reason == every[-1].finish_reason == "length"
+    assert held[-1].completion_tokens == 30 and held[-1].target_forwards == every[-1].target_forwards
+    with pytest.raises(InputError, match="stream_interval"):
+        ServeConfig(stream_interval=-1)
+
+
 @pytest.mark.slow
 def test_playground_streams_and_colours_a_reply_in_headless_chromium(server, ref, tmp_path):
     from headless import Browser, find_chromium

@@ -665,6 +665,9 @@ def serve(
     prefix_keep: int = option(ServeConfig, "prefix_keep", help="Finished requests whose caches are kept: a prompt that "
                               "begins as one of theirs did (a chat's next turn, a shared system prompt) copies that "
                               "prefix instead of prefilling it; 0 = none."),
+    stream_interval: float = option(ServeConfig, "stream_interval", help="Seconds a request's new text may wait to go "
+                                    "out with its next round's: fewer, larger stream chunks under load; 0 = every round "
+                                    "as soon as it is accepted."),
     max_tokens_limit: int = option(ServeConfig, "max_tokens_limit", help="Most new tokens one request may ask for."),
     default_max_tokens: int = option(ServeConfig, "default_max_tokens", help="New tokens when a request names no "
                                      "max_tokens."),
@@ -688,7 +691,8 @@ def serve(
     sys.setswitchinterval(SERVE_SWITCH_INTERVAL_S)
     engine = load_engine(target, head, dtype, num_draft_tokens, weights=weights, warn=_warn, drafter=drafter_kind(tree, switch),
                          max_queue=max_queue, max_running=max_running, max_rows=max_rows, amx_blocks=amx_blocks,
-                         prefix_keep=prefix_keep, max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens)
+                         prefix_keep=prefix_keep, stream_interval=stream_interval, max_tokens_limit=max_tokens_limit,
+                         default_max_tokens=default_max_tokens)
     try:
         uvicorn.run(create_app(engine), host=host, port=port)
     finally:

@@ -62,6 +62,11 @@ class ServeConfig:
     # own (prompt + max_tokens + 64 slots; ~7 MB for SmolLM2 at 300). 0 keeps none (running
     # requests are still read).
     prefix_keep: int = 8
+    # Seconds a running request's new text may wait to go out with its next round's (0: every
+    # round goes out as soon as it is accepted). Fewer, larger chunks when many requests run:
+    # each chunk costs the event loop a socket write and wakes the client, on the cores that
+    # compute the forwards. The first chunk and the last are never held; the text is the same.
+    stream_interval: float = 0.0
     # The most new tokens one request may ask for (max_tokens above it: 400).
     max_tokens_limit: int = 1024
     # New tokens for a request that names no max_tokens (capped by max_tokens_limit).
@@ -80,6 +85,8 @@ class ServeConfig:
             raise InputError(f"max_queue must be >= 0, got {self.max_queue}.")
         if self.max_running < 1:
             raise InputError(f"max_running must be >= 1, got {self.max_running}.")
+        if self.stream_interval < 0:
+            raise InputError(f"stream_interval must be >= 0 seconds, got {self.stream_interval}.")
         if self.max_tokens_limit < 1 or self.default_max_tokens < 1:
             raise InputError("max_tokens_limit and default_max_tokens must be >= 1.")
         self.batch_config()  # refuses a bad max_rows or prefix_keep with its reason
@@ -206,6 +213,8 @@ class _Active:
 
     slot: Slot
     text: TextStream
+    held: Chunk | None = None  # released text not sent yet (ServeConfig.stream_interval)
+    sent_at: float | None = None  # when its last chunk went out (None: none yet)
 
 
 class Engine:
@@ -439,7 +448,16 @@ class Engine:
             self._leave(job, "error")
             return
         done = state.done or a.text.stopped
-        self._send(job, self._chunk(state, new, pieces, self._finish_reason(state, a.text) if done else None))
+        chunk = self._chunk(state, new, pieces, self._finish_reason(state, a.text) if done else None)
+        if a.held is not None:
+            chunk = dataclasses.replace(chunk, pieces=a.held.pieces + chunk.pieces,
+                                        token_ids=a.held.token_ids + chunk.token_ids)
+        now = time.perf_counter()
+        if done or a.sent_at is None or now - a.sent_at >= self.config.stream_interval:
+            self._send(job, chunk)
+            a.held, a.sent_at = None, now
+        else:
+            a.held = chunk
         if done:
             self._leave(job, "ok")
 
