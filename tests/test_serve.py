@@ -442,27 +442,32 @@ class OracleDrafter:
         pass
 
 
-def test_each_streamed_token_is_flagged_as_an_accepted_draft_or_the_targets_own(tiny):
-    """Per round: the accepted drafts, then one token of the target's own. So over a reply the
-    drafted pieces number tokens - target forwards, and every round ends with an own token."""
-    _, tok = tiny
+def oracle_chunks(tok, n: int, config: ServeConfig) -> tuple[list, list[int], torch.Tensor]:
+    """The chunks of one greedy reply of n tokens from an engine whose drafter knows the answer
+    (OracleDrafter), the target's whole sequence, and the prompt ids."""
     model = tiny_model()
     model.generation_config.eos_token_id = None
     ids = chat_ids(tok, PROMPT)
-    cont = mtpspec.generate(model, None, ids, max_new_tokens=40, num_draft_tokens=0).sequences[0].tolist()
-    engine = Engine(model, OracleDrafter(cont), tok, ServeConfig(num_draft_tokens=4))
+    cont = mtpspec.generate(model, None, ids, max_new_tokens=n, num_draft_tokens=0).sequences[0].tolist()
+    engine = Engine(model, OracleDrafter(cont), tok, config)
 
     async def run() -> list:
-        job = engine.submit(DecodeRequest(ids, 40, SamplingConfig()))
+        job = engine.submit(DecodeRequest(ids, n, SamplingConfig()))
         chunks = []
         while (c := await job.next(30)) is not None:
             chunks.append(c)
         return chunks
 
     try:
-        chunks = asyncio.run(run())
+        return asyncio.run(run()), cont, ids
     finally:
         engine.close()
+
+
+def test_each_streamed_token_is_flagged_as_an_accepted_draft_or_the_targets_own(tiny):
+    """Per round: the accepted drafts, then one token of the target's own. So over a reply the
+    drafted pieces number tokens - target forwards, and every round ends with an own token."""
+    chunks, cont, ids = oracle_chunks(tiny[1], 40, ServeConfig(num_draft_tokens=4))
     last = chunks[-1]
     assert [t for c in chunks for t in c.token_ids] == cont[ids.shape[1]:]
     drafted = [p.drafted for c in chunks for p in c.pieces]
@@ -474,28 +479,8 @@ def test_each_streamed_token_is_flagged_as_an_accepted_draft_or_the_targets_own(
 def test_a_stream_interval_sends_fewer_chunks_of_the_same_reply(tiny):
     """Held text goes out with the next round's: with an interval longer than the reply, the
     first chunk and the last carry every token and piece, in order, with their flags."""
-    _, tok = tiny
-    model = tiny_model()
-    model.generation_config.eos_token_id = None
-    ids = chat_ids(tok, PROMPT)
-    cont = mtpspec.generate(model, None, ids, max_new_tokens=30, num_draft_tokens=0).sequences[0].tolist()
-
-    def chunks(interval: float) -> list:
-        engine = Engine(model, OracleDrafter(cont), tok, ServeConfig(num_draft_tokens=2, stream_interval=interval))
-
-        async def run() -> list:
-            job = engine.submit(DecodeRequest(ids, 30, SamplingConfig()))
-            got = []
-            while (c := await job.next(30)) is not None:
-                got.append(c)
-            return got
-
-        try:
-            return asyncio.run(run())
-        finally:
-            engine.close()
-
-    every, held = chunks(0.0), chunks(3600.0)
+    every, cont, ids = oracle_chunks(tiny[1], 30, ServeConfig(num_draft_tokens=2))
+    held, _, _ = oracle_chunks(tiny[1], 30, ServeConfig(num_draft_tokens=2, stream_interval=3600.0))
     assert len(every) > 3 and len(held) == 2
     assert [t for c in held for t in c.token_ids] == [t for c in every for t in c.token_ids] == cont[ids.shape[1]:]
     assert [p for c in held for p in c.pieces] == [p for c in every for p in c.pieces]
