@@ -43,7 +43,6 @@ from ..errors import InputError
 from .cache import KVCache
 from .draft import Draft, Drafter, DraftInput
 from .head import MTPHead
-from .rope import signed_sin
 from .target import Target
 
 
@@ -217,7 +216,7 @@ class TreeDrafter:
         head's layer (1, Hk, L, hd) each, zero copy; L; the root's head state (1, 1, D) and token
         (1, 1); this round's vocabulary (V'',) and extra LM-head rows (E, D)."""
         keys, values = inp.cache.layer(self.head.kv_layer)
-        vocab, extra = self.head.round_vocab(inp.tokens)
+        vocab, extra = self.head.round_vocab(inp.tokens, inp.memo)
         return keys, values, keys.shape[2], self.head.initial_state(inp.hidden[:, None]), inp.tokens[:, -1:], vocab, extra
 
     def _children(self, states: torch.Tensor, tokens: torch.Tensor, position: int, keys: torch.Tensor,
@@ -227,10 +226,11 @@ class TreeDrafter:
         states (1, R, D), and the log-probabilities [R][W] and target ids [R][W] of each one's
         W most likely children (as lists: read one by one, a tensor element costs a call)."""
         head = self.head
-        cos, sin = head.rope(torch.full((1, tokens.shape[1]), position, device=states.device), states)  # (1, R, hd)
         if (fast := head.fused_step()) is not None:  # the same step as one C call
-            states, logits = fast.step(states, tokens, cos[0, 0], signed_sin(sin[0, 0]), cache, head.kv_layer, extra)
+            cos1, sin1 = head.round_rope(position, 1, states)  # (1, hd) each, sin signed
+            states, logits = fast.step(states, tokens, cos1[0], sin1[0], cache, head.kv_layer, extra)
         else:
+            cos, sin = head.rope(torch.full((1, tokens.shape[1]), position, device=states.device), states)  # (1, R, hd)
             states = head.step(states, tokens, cos, sin, keys, values, None)  # (1, R, D)
             logits = head.project(head.target.final_norm(states), extra)[0]  # (R, V'')
         logp = logits.float().log_softmax(-1)  # (R, V'')
