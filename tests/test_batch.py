@@ -165,7 +165,7 @@ def test_a_prompt_prefilled_in_chunks_equals_it_in_one_piece(target):
 
 
 @pytest.mark.parametrize("draft_vocab", [0, 40], ids=["full-vocabulary", "reduced-plus-context"])
-def test_the_head_drafts_for_many_requests_as_it_drafts_for_each(target, draft_vocab):
+def test_the_head_drafts_for_many_requests_as_it_drafts_for_each(target, draft_vocab, monkeypatch):
     head = _head(target, draft_vocab=draft_vocab)
     from mtpspec.core.decode import prefill
     from mtpspec.core.draft import DraftInput
@@ -179,6 +179,14 @@ def test_the_head_drafts_for_many_requests_as_it_drafts_for_each(target, draft_v
     many = head.propose_many(inps, ks, [greedy] * 5, [None] * 5)
     for inp, k, d in zip(inps, ks, many):
         assert torch.equal(d.tokens, head.propose(inp, k, greedy, None).tokens)
+    # the greedy chains as one C call (`FusedHead.chain_many`) give what one call per depth gives
+    fast = head.fused_step()
+    assert fast is not None and fast.chain_part() is not None
+    with monkeypatch.context() as m:
+        m.setattr(type(fast), "chain_part", lambda self: None)
+        stepwise = head.propose_many(inps, ks, [greedy] * 5, [None] * 5)
+    assert [d.tokens.tolist() for d in many] == [d.tokens.tolist() for d in stepwise]
+    assert [len(d.tokens) for d in many] == ks
     sampled = SamplingConfig(temperature=0.8, seed=3)
     gens = [torch.Generator().manual_seed(i) for i in range(5)]
     many = head.propose_many(inps, ks, [sampled] * 5, gens)

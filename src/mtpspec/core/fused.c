@@ -1669,24 +1669,56 @@ static void embed_row(const Part *p, int64_t id, int I, elem *out) {
  * step path makes, without returning to Python between steps. state (D): the start state;
  * tok: the token at the sequence's position; cos, sin (k, hd): the rows for its k positions.
  * Returns 0, or -1 where a step's logits hold a NaN (the caller decides those steps itself). */
-int head_chain(const Head *h, const Seq *seq, int k, const elem *state, int64_t tok, const elem *cos, const elem *sin,
-               const Mat *w_vocab, int V1, const int64_t *ids, const elem *w_extra, int E, const Part *embed,
-               int64_t *out, int nthreads) {
-    const int D = h->D, V = V1 + E;
-    elem *st = malloc(sizeof(elem) * 2 * (size_t)D), *emb = malloc(sizeof(elem) * (size_t)D);
-    float *logits = malloc(sizeof(float) * (size_t)V);
-    memcpy(st, state, sizeof(elem) * D);
+/* Greedy chains of nseq sequences as one call (continuous batching): sequence s (seqs[s], T = 1,
+ * its cache at its length) drafts ks[s] tokens from its state (row s of state (nseq, D)) and
+ * token toks[s], with its rotary rows cos[s], sin[s] (ks[s], hd), its vocabulary ids[s] (V1 +
+ * E[s],) or NULL (the whole vocabulary) and extra rows w_extra[s] (E[s], D). Depth j is one
+ * head_step_seqs over the sequences with ks[s] > j, in order; each row's token is the first
+ * largest of its own V1 + E[s] logits. Row invariance: each sequence gets what its own chain
+ * (nseq = 1) gives. out[s * kmax + j]; -1 where a step's logits hold a NaN. */
+int head_chain_seqs(const Head *h, int nseq, const Seq *seqs, const int *ks, const elem *state, const int64_t *toks,
+                    const elem *const *cos, const elem *const *sin, const Mat *w_vocab, int V1,
+                    const int64_t *const *ids, const elem *const *w_extra, const int *E, const Part *embed,
+                    int64_t *out, int kmax, int nthreads) {
+    const int D = h->D, hd = h->hd;
+    int Emax = 0;
+    for (int s = 0; s < nseq; s++) Emax = E[s] > Emax ? E[s] : Emax;
+    elem *st = malloc(sizeof(elem) * (size_t)nseq * D), *x = malloc(sizeof(elem) * (size_t)nseq * D);
+    elem *emb = malloc(sizeof(elem) * (size_t)nseq * D), *next = malloc(sizeof(elem) * (size_t)nseq * D);
+    elem *cb = malloc(sizeof(elem) * (size_t)nseq * hd), *sb = malloc(sizeof(elem) * (size_t)nseq * hd);
+    float *logits = malloc(sizeof(float) * (size_t)nseq * (V1 + Emax));
+    Seq *live = malloc(sizeof(Seq) * (size_t)nseq);
+    int *at = malloc(sizeof(int) * (size_t)nseq), *El = malloc(sizeof(int) * (size_t)nseq);
+    const elem **wl = malloc(sizeof(elem *) * (size_t)nseq);
+    int64_t *tok = malloc(sizeof(int64_t) * (size_t)nseq);
+    memcpy(st, state, sizeof(elem) * (size_t)nseq * D);
+    memcpy(tok, toks, sizeof(int64_t) * (size_t)nseq);
     int rc = 0;
-    for (int j = 0; j < k && rc == 0; j++) {
-        embed_row(embed, tok, D, emb);
-        elem *next = st + (size_t)D * ((j + 1) % 2);
-        head_step_seqs(h, 1, seq, 1, st + (size_t)D * (j % 2), emb, cos + (size_t)j * h->hd, sin + (size_t)j * h->hd,
-                       w_vocab, V1, &w_extra, &E, E, next, logits, nthreads);
-        const int best = argmax_row(logits, V);
-        if (best < 0) rc = -1;
-        else out[j] = tok = ids ? ids[best] : best;
+    for (int j = 0; j < kmax && rc == 0; j++) {
+        int R = 0, Em = 0;
+        for (int s = 0; s < nseq; s++) {
+            if (ks[s] <= j) continue;
+            live[R] = seqs[s];
+            live[R].row0 = R, live[R].T = 1;
+            at[R] = s, El[R] = E[s], wl[R] = w_extra[s];
+            Em = E[s] > Em ? E[s] : Em;
+            memcpy(x + (size_t)R * D, st + (size_t)s * D, sizeof(elem) * D);
+            embed_row(embed, tok[s], D, emb + (size_t)R * D);
+            memcpy(cb + (size_t)R * hd, cos[s] + (size_t)j * hd, sizeof(elem) * hd);
+            memcpy(sb + (size_t)R * hd, sin[s] + (size_t)j * hd, sizeof(elem) * hd);
+            R++;
+        }
+        if (R == 0) break;
+        head_step_seqs(h, R, live, R, x, emb, cb, sb, w_vocab, V1, wl, El, Em, next, logits, nthreads);
+        for (int r = 0; r < R && rc == 0; r++) {
+            const int s = at[r], best = argmax_row(logits + (size_t)r * (V1 + Em), V1 + El[r]);
+            if (best < 0) rc = -1;
+            else out[(size_t)s * kmax + j] = tok[s] = ids[s] ? ids[s][best] : best;
+            memcpy(st + (size_t)s * D, next + (size_t)r * D, sizeof(elem) * D);
+        }
     }
-    free(st); free(emb); free(logits);
+    free(st); free(x); free(emb); free(next); free(cb); free(sb); free(logits);
+    free(live); free(at); free(El); free(wl); free(tok);
     return rc;
 }
 

@@ -123,9 +123,9 @@ def _library(dtype: torch.dtype = torch.bfloat16) -> tuple[ctypes.CDLL | None, i
     so.head_step_seqs.argtypes = [ctypes.POINTER(_Head), ctypes.c_int, ctypes.POINTER(_Seq), ctypes.c_int] + [_P] * 5 + [
         ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, ctypes.c_int]
     so.head_step_seqs.restype = None
-    so.head_chain.argtypes = [ctypes.POINTER(_Head), ctypes.POINTER(_Seq), ctypes.c_int, _P, ctypes.c_int64, _P, _P,
-                              _P, ctypes.c_int, _P, _P, ctypes.c_int, _P, _P, ctypes.c_int]
-    so.head_chain.restype = ctypes.c_int
+    so.head_chain_seqs.argtypes = [ctypes.POINTER(_Head), ctypes.c_int, ctypes.POINTER(_Seq)] + [_P] * 5 + [
+        _P, ctypes.c_int] + [_P] * 5 + [ctypes.c_int, ctypes.c_int]
+    so.head_chain_seqs.restype = ctypes.c_int
     if dtype == torch.bfloat16:
         so.fused_pack.argtypes = [_P, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long, _P]
         so.fused_pack.restype = None
@@ -492,7 +492,7 @@ class FusedHead:
         return out, per
 
     def chain_part(self) -> quant.Part | None:
-        """The target's embedding as `head_chain` reads it (dense in the dtype, or blocks), or None
+        """The target's embedding as `head_chain_seqs` reads it (dense in the dtype, or blocks), or None
         where a draft step's embedding is more than a plain lookup (a multiplier, another module)."""
         tgt = self.head.target
         emb = tgt.embed
@@ -506,30 +506,37 @@ class FusedHead:
             return quant.Part(w.data_ptr(), quant.DENSE, w.shape[0], w.shape[1] * w.element_size())
         return None
 
-    def chain(self, part: quant.Part, state: torch.Tensor, token: int, cos: torch.Tensor, sin_signed: torch.Tensor,
-              cache: KVCache, layer: int, ids: torch.Tensor | None, extra: torch.Tensor | None) -> torch.Tensor | None:
-        """k greedy drafts of one sequence as one C call (`head_chain`): (1, 1, D) state, the token
-        at the cache's length, (k, hd) rotary tables for the k positions, the round's vocabulary
-        (ids (V1 + E,) or None, extra rows (E, D) or None) -> (k,) token ids; the tokens `step`
-        and an argmax per step give. None where a step's logits hold a NaN."""
+    def chain_many(self, part: quant.Part, states: list[torch.Tensor], tokens: list[int],
+                   tables: list[tuple[torch.Tensor, torch.Tensor]], caches: list[KVCache], layer: int,
+                   vocab: list[tuple[torch.Tensor | None, torch.Tensor | None]]) -> list[torch.Tensor] | None:
+        """`chain` for several sequences as one C call (`head_chain_seqs`): each draft depth is
+        one step over the sequences still drafting. Per sequence: its (1, 1, D) state, the token
+        at its cache's length, its (k_s, hd) rotary tables (k_s drafts), its round vocabulary (ids,
+        extra rows). Returns each sequence's (k_s,) tokens, what its own `chain` gives; None
+        where a step's logits hold a NaN."""
         tgt = self.head.target
         dt = tgt.dtype
         so = _loaded(dt)[0]
         assert so is not None
-        k = int(cos.shape[0])
-        state = state.reshape(-1).to(dt).contiguous()
-        cos, sin_signed = cos.to(dt).contiguous(), sin_signed.to(dt).contiguous()
-        keys, values = cache.keys[layer], cache.values[layer]
-        seq = _Seq(row0=0, T=1, start=cache.length, S=cache.capacity, keys=keys.data_ptr(), values=values.data_ptr())
-        ids64 = None if ids is None else ids.to(torch.int64).contiguous()
-        extra = None if extra is None else extra.to(dt).contiguous()
-        E = 0 if extra is None else int(extra.shape[0])
-        out = torch.empty(k, dtype=torch.int64)
-        rc = so.head_chain(ctypes.byref(self.struct), ctypes.byref(seq), k, state.data_ptr(), int(token), cos.data_ptr(),
-                           sin_signed.data_ptr(), ctypes.addressof(self.vocab), self.V1,
-                           None if ids64 is None else ids64.data_ptr(), None if extra is None else extra.data_ptr(), E,
-                           ctypes.byref(part), out.data_ptr(), torch.get_num_threads())
-        return None if rc else out
+        n = len(states)
+        ks = [int(c.shape[0]) for c, _ in tables]
+        kmax = max(ks, default=0)
+        state = torch.cat([st.reshape(1, -1) for st in states]).to(dt).contiguous()  # (n, D)
+        cos = [c.to(dt).contiguous() for c, _ in tables]  # kept alive through the call
+        sin = [sn.to(dt).contiguous() for _, sn in tables]
+        ids = [None if i is None else i.to(torch.int64).contiguous() for i, _ in vocab]
+        extra = [None if e is None else e.to(dt).contiguous() for _, e in vocab]
+        structs = (_Seq * n)()
+        for i, c in enumerate(caches):
+            structs[i] = _Seq(row0=i, T=1, start=c.length, S=c.capacity, keys=c.keys[layer].data_ptr(),
+                              values=c.values[layer].data_ptr())
+        ptrs = lambda ts: (_P * n)(*[None if t is None else t.data_ptr() for t in ts])  # noqa: E731
+        out = torch.zeros(n, max(kmax, 1), dtype=torch.int64)
+        rc = so.head_chain_seqs(ctypes.byref(self.struct), n, structs, (ctypes.c_int * n)(*ks), state.data_ptr(),
+                                (ctypes.c_int64 * n)(*tokens), ptrs(cos), ptrs(sin), ctypes.addressof(self.vocab), self.V1,
+                                ptrs(ids), ptrs(extra), (ctypes.c_int * n)(*[0 if e is None else int(e.shape[0]) for e in extra]),
+                                ctypes.byref(part), out.data_ptr(), kmax, torch.get_num_threads())
+        return None if rc else [out[i, :k] for i, k in enumerate(ks)]
 
 
 def packed(q: quant.QTensor) -> quant.QTensor:

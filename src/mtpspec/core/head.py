@@ -409,15 +409,16 @@ class MTPHead(nn.Module):
 
     def _propose_fused(self, fast: fused.FusedHead, inps: list[DraftInput], ks: list[int],
                        samplings: list[SamplingConfig], generators: list[torch.Generator | None]) -> list[Draft]:
-        """The drafts of one or more requests, each draft depth of all of them as one C call; one
-        greedy request's whole chain as one call (`FusedHead.chain`) where it can."""
+        """The drafts of one or more requests, each draft depth of all of them as one C call;
+        greedy requests' whole chains as one call (`FusedHead.chain_many`) where it can."""
         n = len(inps)
         starts = [self._round_start(inp, k) for inp, k in zip(inps, ks)]
-        if n == 1 and samplings[0].greedy and ks[0] > 0 and (part := fast.chain_part()) is not None:
-            state, (cos, sin), (ids, extra) = starts[0]
-            toks = fast.chain(part, state, int(inps[0].tokens[0, -1]), cos, sin, inps[0].cache, self.kv_layer, ids, extra)
-            if toks is not None:
-                return [Draft(tokens=toks)]
+        if all(s.greedy for s in samplings) and max(ks, default=0) > 0 and (part := fast.chain_part()) is not None:
+            chains = fast.chain_many(part, [st for st, _, _ in starts], [int(inp.tokens[0, -1]) for inp in inps],
+                                     [t for _, t, _ in starts], [inp.cache for inp in inps], self.kv_layer,
+                                     [v for _, _, v in starts])
+            if chains is not None:  # greedy requests' whole chains as one C call
+                return [Draft(tokens=t) for t in chains]
         states = [s for s, _, _ in starts]
         tables = [t for _, t, _ in starts]
         vocab = [v for _, _, v in starts]
