@@ -290,13 +290,15 @@ def tree_probs_without_renormalisation(tokens, parents, q, p):
 
 
 def assert_verify_passes_equal_one_row_passes(target, counts=(1, 2, 5, 9, 16, 17, 33, 40)) -> None:
-    """After 30 cached tokens, a verify pass over R of 40 new tokens gives each row, bit for bit,
-    the logits of decoding it alone, one row per forward (row invariance), for each R in `counts`."""
+    """After 30 cached tokens, a verify pass over R of max(counts) new tokens gives each row, bit
+    for bit, the logits of decoding it alone, one row per forward (row invariance), for each R in
+    `counts`."""
+    n = max(counts)
     ids = torch.randint(4, 97, (1, 30), generator=torch.Generator().manual_seed(2))
-    new = torch.randint(4, 97, (1, 40), generator=torch.Generator().manual_seed(3))
-    c = target.new_cache(80)
+    new = torch.randint(4, 97, (1, n), generator=torch.Generator().manual_seed(3))
+    c = target.new_cache(30 + n + 10)
     target.forward(ids, c)
-    alone = [target.forward(new[:, i:i + 1], c).logits[0, 0] for i in range(40)]
+    alone = [target.forward(new[:, i:i + 1], c).logits[0, 0] for i in range(n)]
     for R in counts:
         c.length = 30
         together = target.forward(new[:, :R], c).logits[0]

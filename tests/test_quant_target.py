@@ -79,9 +79,12 @@ def test_the_quantized_target_computes_what_the_dense_one_computes(pair):
     assert torch.equal(cd.keys, cq.keys) and torch.equal(cd.values, cq.values)
 
 
-def test_a_verify_pass_of_1_to_40_rows_equals_one_row_passes(pair):
-    """Up to 40 rows: beyond 16 the AMX kernel keeps each column block's sums between chunks."""
-    assert_verify_passes_equal_one_row_passes(mtpspec.Target(pair[1]))
+def test_a_verify_pass_of_1_to_72_rows_equals_one_row_passes(pair):
+    """Every way the AMX kernel holds its sums: up to 16 rows (one column block, 4 tiles a block),
+    17-32 (two column blocks, 2 tiles a block), 33-64 (three or four, 1 tile a block), beyond 64
+    (the sums stored between chunks of inputs)."""
+    assert_verify_passes_equal_one_row_passes(mtpspec.Target(pair[1]), (1, 2, 5, 9, 16, 17, 24, 32, 33, 40, 48, 49,
+                                                                          64, 65, 72))
 
 
 def test_a_tree_row_equals_decoding_its_path(pair):

@@ -634,6 +634,15 @@ static inline __attribute__((always_inline)) void transpose16(__m512 r[16]) {
     for (int i = 0; i < 8; i++) r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88), r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
 }
 
+/* A stored tile of 16 outputs x 16 rows (c[i * 16 + n]: output i, row n) into y's first nr rows
+ * (O apart) at those 16 outputs: transposed in registers, a row's 16 sums stored at once */
+static inline __attribute__((always_inline)) void amx_put16(const float *c, float *y, int O, int nr) {
+    __m512 v[16];
+    for (int i = 0; i < 16; i++) v[i] = _mm512_loadu_ps(c + i * 16);
+    transpose16(v);
+    for (int n = 0; n < nr; n++) _mm512_storeu_ps(y + (size_t)n * O, v[n]);
+}
+
 /* the parts of w in `which`; xv: scratch of (ceil(R / 16) * 16) * I bf16, shared by the threads */
 static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *y, bf16 *xv, int which) {
     const int N = R < 16 ? R : 16, ncb = (R + 15) / 16, K2 = I / 2;
@@ -659,9 +668,9 @@ static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *
     TileConfig cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int t = 0; t < 7; t++) {
+    for (int t = 0; t < 8; t++) {
         cfg.rows[t] = 16;
-        cfg.colsb[t] = t == 4 || t == 5 ? 64 : N * 4; /* 0-3: y tiles, 4-5: w tiles, 6: x tile */
+        cfg.colsb[t] = t == 4 || t == 5 ? 64 : N * 4; /* 0-3: y tiles, 4-5: w tiles, 6-7: x tiles */
     }
     _tile_loadconfig(&cfg);
     /* Blocks of bt tiles (16 outputs each), shared out between the threads in order: 4 tiles a
@@ -669,7 +678,9 @@ static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *
      * 5 against 4 on two threads; 12 of 3, 6 and 6). Each output's sums do not depend on it. */
     const int nth = omp_get_num_threads();
     int nb[3] = {0, 0, 0}, blocks = 0, quantized = 0, bt = 4, best = -1;
-    for (int c = 4; c >= 2; c--) {
+    /* 17..32 rows: 2 tiles a block, 33..64: 1, so that every sum stays in a tile (4 of them) */
+    const int cmax = ncb == 1 ? 4 : ncb == 2 ? 2 : ncb <= 4 ? 1 : 4, cmin = ncb == 1 || ncb > 4 ? 2 : cmax;
+    for (int c = cmax; c >= cmin; c--) {
         int nblk = 0;
         for (int p = 0; p < w->nparts; p++)
             if (which >> p & 1) nblk += (w->part[p].rows / 16 + c - 1) / c;
@@ -681,9 +692,9 @@ static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *
     /* A quantized part's chunk: 64 inputs up to 16 rows, AMX_KC beyond (where the tiles are stored
      * and loaded back between chunks); two buffers used in turn, the next chunk dequantized before
      * the tiles read this one (measured faster than reading what was just written) */
-    const int KQ = ncb == 1 ? 64 : AMX_KC;
+    const int KQ = ncb <= 4 ? 64 : AMX_KC;
     bf16 *wbuf = quantized ? aligned_alloc(64, sizeof(bf16) * 2 * 64 * KQ) : NULL; /* this thread's chunks */
-    float *cbuf = ncb > 1 ? malloc(sizeof(float) * (size_t)ncb * 4 * 256) : NULL;  /* its tiles between chunks */
+    float *cbuf = ncb > 4 ? malloc(sizeof(float) * (size_t)ncb * 4 * 256) : NULL;  /* its tiles between chunks */
 #pragma omp for schedule(static)
     for (int b = 0; b < blocks; b++) {
         int ob, o_part; /* the block's index in its part, the part's first output */
@@ -702,6 +713,63 @@ static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *
                     const int kn2 = I - (kc + KC) < KC ? I - (kc + KC) : KC;
                     dequant_chunk(P, o0, 16 * nt, kc + KC, kn2, KQ, I, wbuf + (size_t)((kc / KC + 1) % 2) * 64 * KQ);
                 }
+            }
+            if (ncb == 2) { /* 17..32 rows: tile t's sums for column block cb in tile 2 cb + t, all chunks long */
+                if (kc == 0) {
+                    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                }
+                for (int k = 0; k < kn; k += 32) {
+                    _tile_loadd(6, xv + ((size_t)(kc + k) / 2) * 32, 64);
+                    _tile_loadd(7, xv + ((size_t)K2 + (kc + k) / 2) * 32, 64);
+                    _tile_loadd(4, a + k, as);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(2, 4, 7);
+                    if (nt > 1) {
+                        _tile_loadd(5, a + at + k, as);
+                        _tile_dpbf16ps(1, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+                }
+                if (!last) continue;
+                float c[4][16 * 16];
+                _tile_stored(0, c[0], 64);
+                _tile_stored(2, c[2], 64);
+                if (nt > 1) {
+                    _tile_stored(1, c[1], 64);
+                    _tile_stored(3, c[3], 64);
+                }
+                for (int cb = 0; cb < 2; cb++)
+                    for (int t = 0; t < nt; t++)
+                        amx_put16(c[2 * cb + t], y + (size_t)cb * 16 * O + o_part + o0 + 16 * t, O, R - cb * 16 < 16 ? R - cb * 16 : 16);
+                continue;
+            }
+            if (ncb == 3 || ncb == 4) { /* 33..64 rows: one tile a block, its sums for column block cb in tile cb */
+                if (kc == 0) {
+                    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                }
+                for (int k = 0; k < kn; k += 32) {
+                    const bf16 *xk = xv + ((size_t)(kc + k) / 2) * 32; /* column block cb's at + cb K2 32 */
+                    _tile_loadd(4, a + k, as);
+                    _tile_loadd(5, xk, 64);
+                    _tile_dpbf16ps(0, 4, 5);
+                    _tile_loadd(6, xk + (size_t)K2 * 32, 64);
+                    _tile_dpbf16ps(1, 4, 6);
+                    _tile_loadd(7, xk + (size_t)2 * K2 * 32, 64);
+                    _tile_dpbf16ps(2, 4, 7);
+                    if (ncb == 4) {
+                        _tile_loadd(5, xk + (size_t)3 * K2 * 32, 64);
+                        _tile_dpbf16ps(3, 4, 5);
+                    }
+                }
+                if (!last) continue;
+                float c[4][16 * 16];
+                _tile_stored(0, c[0], 64);
+                _tile_stored(1, c[1], 64);
+                _tile_stored(2, c[2], 64);
+                if (ncb == 4) _tile_stored(3, c[3], 64);
+                for (int cb = 0; cb < ncb; cb++)
+                    amx_put16(c[cb], y + (size_t)cb * 16 * O + o_part + o0, O, R - cb * 16 < 16 ? R - cb * 16 : 16);
+                continue;
             }
             for (int cb = 0; cb < ncb; cb++) {
                 float *cs = cbuf ? cbuf + (size_t)cb * 4 * 256 : NULL;
