@@ -560,8 +560,9 @@ static void matmul_dp(const elem *x, int R, int I, const Mat *w, int O, float *y
  * 32 inputs a step, in order) whatever N is and whether the part is dense or quantized:
  * row-invariant like the kernel above, a quantized matrix gives what its dequantized dense copy
  * gives, and the hardware reads each weight once for up to 16 rows at near one-row cost. Beyond
- * 16 rows, a column block's tiles are stored between chunks and loaded back (exact: fp32 out,
- * fp32 in), so each chunk is dequantized once for all rows.
+ * 16 rows every sum still stays in a tile up to 64 rows (17-32: 2 output tiles a block times 2
+ * column blocks; 33-64: 1 times 3 or 4); beyond 64 a column block's tiles are stored between
+ * chunks and loaded back (exact: fp32 out, fp32 in). Each chunk is dequantized once for all rows.
  *
  * Measured (SmolLM2's GGUF blocks, 2-core Xeon with AMX, reports/batching/forward_rows.py): a
  * one-row forward costs more on the tiles than on AVX-512 dot products (the dequantized values
@@ -576,7 +577,7 @@ typedef struct {
 enum { AMX_DENSE = 1, AMX_BLOCKS = 2 };
 static int use_amx = 0; /* AMX_* bits, set by fused_init: the same kernels for every call of a process */
 
-#define AMX_KC 256 /* inputs per chunk of dequantized weights beyond 16 rows (64 up to 16): 64 rows x 256 bf16 = 32 KB */
+#define AMX_KC 256 /* inputs per chunk of dequantized weights beyond 64 rows (64 up to 64): 64 rows x 256 bf16 = 32 KB */
 #define AMX_PF 8    /* prefetch each weight row at least this many groups of 32 inputs ahead */
 
 /* Rows o .. o + n - 1 of quantized part P, inputs kc .. kc + kn - 1, as bf16 into wbuf (n, ks);
@@ -689,7 +690,7 @@ static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *
     }
     for (int p = 0; p < w->nparts; p++)
         if (which >> p & 1) blocks += nb[p] = (w->part[p].rows / 16 + bt - 1) / bt, quantized |= w->part[p].type != Q_DENSE;
-    /* A quantized part's chunk: 64 inputs up to 16 rows, AMX_KC beyond (where the tiles are stored
+    /* A quantized part's chunk: 64 inputs up to 64 rows, AMX_KC beyond (where the tiles are stored
      * and loaded back between chunks); two buffers used in turn, the next chunk dequantized before
      * the tiles read this one (measured faster than reading what was just written) */
     const int KQ = ncb <= 4 ? 64 : AMX_KC;
@@ -789,7 +790,7 @@ static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *
                     if (nt > 2) { _tile_loadd(4, a + 2 * at + k, as); _tile_dpbf16ps(2, 4, 6); }
                     if (nt > 3) { _tile_loadd(5, a + 3 * at + k, as); _tile_dpbf16ps(3, 5, 6); }
                 }
-                if (!last) { /* ncb > 1 here: keep this block's sums for the next chunk (ncb == 1 keeps them in the tiles) */
+                if (!last) { /* ncb > 4 here: keep this block's sums for the next chunk (up to 4 they stay in the tiles) */
                     if (cs) {
                         _tile_stored(0, cs, 64);
                         if (nt > 1) _tile_stored(1, cs + 256, 64);
