@@ -24,7 +24,10 @@ the level's wall time), TTFT p50/p95 (send to the first non-empty text), inter-t
 p50/p95 (per request: (last text - first text) / (tokens - 1), across requests), mean request
 latency. Tokens are counted by `--count`: the server's usage (default; a reply without it is
 tokenized instead, and the table says so), or the model's tokenizer on the text for every
-server. Writes OUT/results.json (every request too) and OUT/results.md.
+server. `--rounds R` runs the levels R times in turn and reports each level's median round (on a
+shared machine whose speed drifts over minutes, one pass of the levels can catch the first level
+and a later one in different weather). Writes OUT/results.json (every request too) and
+OUT/results.md.
 """
 
 import argparse
@@ -89,6 +92,7 @@ class Config:
     request_timeout: float
     out: Path
     verbose: bool
+    rounds: int = 1  # every level this many times, in turn; a level reports its median round
 
 
 @dataclass(frozen=True)
@@ -444,21 +448,38 @@ def run_server(name: str, cfg: Config, prompts: list[Prompt], counter: Counter) 
         model = served_model(url)
         asyncio.run(run_level(url, model, [[Request(0, 0, prompts[0])]], cfg))  # warm-up, not counted
         reference: dict[int, str] = {}
-        levels = []
-        for i, n in enumerate(cfg.streams):
-            per_stream = reference_per_stream(cfg, len(prompts)) if i == 0 else cfg.requests_per_stream
-            print(f"[{name}] {n} streams x {per_stream} requests ...", flush=True)
-            before = mtpspec_counters(url) if name == "mtpspec" else None
-            results, wall = asyncio.run(run_level(url, model, level_requests(prompts, n, per_stream), cfg))
-            if i == 0:
-                reference = {r.key: r.text for r in results if r.error is None}
-            levels.append(summarize(n, results, wall, counter, {} if i == 0 else reference))
-            if before is not None:
-                levels[-1]["batch"] = batch_numbers(before, mtpspec_counters(url), wall)
-            print(level_line(name, levels[-1]), flush=True)
+        rounds: list[list[dict]] = [[] for _ in cfg.streams]  # per level, its rounds
+        for rnd in range(cfg.rounds):
+            for i, n in enumerate(cfg.streams):
+                per_stream = reference_per_stream(cfg, len(prompts)) if i == 0 else cfg.requests_per_stream
+                tag = f" (round {rnd + 1} of {cfg.rounds})" if cfg.rounds > 1 else ""
+                print(f"[{name}] {n} streams x {per_stream} requests{tag} ...", flush=True)
+                before = mtpspec_counters(url) if name == "mtpspec" else None
+                results, wall = asyncio.run(run_level(url, model, level_requests(prompts, n, per_stream), cfg))
+                first = rnd == 0 and i == 0
+                if first:
+                    reference = {r.key: r.text for r in results if r.error is None}
+                rounds[i].append(summarize(n, results, wall, counter, {} if first else reference))
+                if before is not None:
+                    rounds[i][-1]["batch"] = batch_numbers(before, mtpspec_counters(url), wall)
+                print(level_line(name, rounds[i][-1]), flush=True)
     print(f"[{name}] stopped", flush=True)
-    return {"argv": argv, "model": model, "version": version(argv[0], name), "levels": levels,
+    return {"argv": argv, "model": model, "version": version(argv[0], name), "levels": [median_round(r) for r in rounds],
             "reference_texts": {str(k): v for k, v in sorted(reference.items())}}
+
+
+def median_round(rounds: list[dict]) -> dict:
+    """A level run in several rounds: its median round by aggregate tok/s (the lower middle of an
+    even count), with every round's aggregate and the texts checked over all rounds."""
+    if len(rounds) == 1:
+        return rounds[0]
+    mid = dict(sorted(rounds, key=lambda lv: lv["agg_tok_s"])[(len(rounds) - 1) // 2])
+    mid["rounds_agg_tok_s"] = [lv["agg_tok_s"] for lv in rounds]
+    mid["exact_compared"] = sum(lv["exact_compared"] for lv in rounds)
+    mid["mismatches"] = sum(lv["mismatches"] for lv in rounds)
+    mid["errors"] = sum(lv["errors"] for lv in rounds)
+    mid["requests_detail"] = [dict(d, round=j) for j, lv in enumerate(rounds) for d in lv["requests_detail"]]
+    return mid
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -499,13 +520,18 @@ def markdown(cfg: Config, runs: dict[str, dict], rows: list[dict]) -> str:
            f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {cfg.gguf.name}; "
            f"{cfg.threads} threads per server; max_tokens {cfg.max_tokens}, temperature 0, streaming; "
            f"{cfg.requests_per_stream} requests per stream, queue {cfg.queue} (the first level answers every "
-           f"prompt the others ask), time limit {cfg.time_limit:.0f} s a level. Tokens counted by {cfg.count}. "
+           f"prompt the others ask), time limit {cfg.time_limit:.0f} s a level. "
+           + (f"Levels run {cfg.rounds} times in turn (1, 2, ..., 1, 2, ...); each row is the level's median "
+              f"round by aggregate tok/s (`rounds`: every round's), `x first` its median over the first level's, "
+              f"`exact` over all rounds. " if cfg.rounds > 1 else "")
+           + f"Tokens counted by {cfg.count}. "
            f"ITL: {ITL_RULE}. `in flight`: requests in flight on average (latencies summed over the wall "
            f"time). `exact`: texts equal to the same prompt's at the first level.", ""]
     for name, run in runs.items():
         out += [f"## {name}", "", f"`{shlex.join(run['argv'])}` ({run['version']})", "",
                 "| streams | requests | errors | tokens | wall s | agg tok/s | x first | TTFT p50 s | TTFT p95 s "
-                "| ITL p50 ms | ITL p95 ms | mean latency s | in flight | exact |", "|" + "---|" * 14]
+                "| ITL p50 ms | ITL p95 ms | mean latency s | in flight | exact |"
+                + (" rounds tok/s |" if cfg.rounds > 1 else ""), "|" + "---|" * (14 + (cfg.rounds > 1))]
         base = run["levels"][0]["agg_tok_s"]
         for lv in run["levels"]:
             fb = f" ({lv['tokenizer_fallbacks']} tokenized)" if lv["tokenizer_fallbacks"] else ""
@@ -513,7 +539,8 @@ def markdown(cfg: Config, runs: dict[str, dict], rows: list[dict]) -> str:
                        f"| {lv['wall_s']:.1f} | {lv['agg_tok_s']:.1f} | {fmt(ratio(lv['agg_tok_s'], base), '.2f')} "
                        f"| {fmt(lv['ttft_p50_s'])} | {fmt(lv['ttft_p95_s'])} | {fmt(lv['itl_p50_ms'], '.1f')} "
                        f"| {fmt(lv['itl_p95_ms'], '.1f')} | {fmt(lv['mean_latency_s'])} | {fmt(lv.get('in_flight'), '.2f')} "
-                       f"| {lv['exact_compared'] - lv['mismatches']}/{lv['exact_compared']} |")
+                       f"| {lv['exact_compared'] - lv['mismatches']}/{lv['exact_compared']} |"
+                       + (f" {' / '.join(f'{a:.1f}' for a in lv['rounds_agg_tok_s'])} |" if cfg.rounds > 1 else ""))
         out.append("")
     if len(runs) > 1:
         names = list(runs)
@@ -549,6 +576,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--queue", choices=("shared", "per-stream"), default="shared",
                    help="shared: the clients take a level's requests from one queue (N in flight until fewer "
                         "are left); per-stream: client k %% N sends request k (each its own list)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the levels this many times in turn (1, 2, 4, ..., 1, 2, 4, ...) and report each level's "
+                        "median round: on a shared machine whose speed drifts over minutes, a level and the first "
+                        "one are then compared over the same stretch of time")
     p.add_argument("--time-limit", type=float, default=300, help="seconds a level may start requests for")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--count", choices=("usage", "tokenizer"), default="usage",
@@ -574,15 +605,15 @@ def parse_args(argv: list[str] | None = None) -> Config:
         streams = tuple(int(s) for s in a.streams.split(","))
     except ValueError:
         p.error(f"--streams: comma-separated counts like 1,2,4, got {a.streams!r}")
-    if min(streams) < 1 or a.requests_per_stream < 1 or a.max_tokens < 1:
-        p.error("--streams, --requests-per-stream and --max-tokens must be >= 1")
+    if min(streams) < 1 or a.requests_per_stream < 1 or a.max_tokens < 1 or a.rounds < 1:
+        p.error("--streams, --requests-per-stream, --max-tokens and --rounds must be >= 1")
     gguf_path = a.gguf or default_gguf_path()
     if not gguf_path.is_file():
         p.error(f"--gguf: {gguf_path} is not a file")
     return Config(servers, streams, a.requests_per_stream, a.queue, a.time_limit, a.max_tokens, a.count, a.threads,
                   gguf_path, a.gguf is not None, a.ctx_per_stream, a.parallel or max(streams),
                   tuple(shlex.split(a.mtpspec_args)), tuple(shlex.split(a.llama_args)), a.llama_server,
-                  a.startup_timeout, a.request_timeout, a.out, a.verbose)
+                  a.startup_timeout, a.request_timeout, a.out, a.verbose, a.rounds)
 
 
 def _terminate(signum: int, _: Any) -> None:
