@@ -1311,8 +1311,11 @@ static inline void attend_task(const Att *A, int H, int Hk, int hd, float scale,
             const __m512i cols = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(nq));
             const __m512 vscale = _mm512_set1_ps(scale);
             for (int i0 = 0; i0 < n_old + T; i0 += 16) {
-                /* slots i0 .. i0 + 15 of each row's list: shared while all are committed */
-                if (i0 + 16 <= n_old) {
+                /* slots i0 .. i0 + 15 of each row's list: shared while all are committed, and in a
+                 * chain (each row's own slots follow the committed ones in the cache) while the
+                 * block lies in the cache: a score reads its key and query alone, so a row's
+                 * visible slots get what they get alone, and the rest are never read */
+                if (i0 + 16 <= n_old || (!anc && i0 + 16 <= S)) {
                     /* these slots' values, read after the softmax: fetched into L2 now, beside the keys */
                     for (const char *pv = (const char *)(vh + (size_t)i0 * hd), *pe = pv + (size_t)16 * hd * sizeof(bf16); pv < pe; pv += 64)
                         _mm_prefetch(pv, _MM_HINT_T1);
@@ -1398,18 +1401,37 @@ static inline void attend_task(const Att *A, int H, int Hk, int hd, float scale,
             for (int j = 0; j < nq; j++) pj[j] = sc + (size_t)j * (S + 16) + i0, oj[j] = oacc + (size_t)j * 256;
             value_sum(pj, nq, cnt, vbuf, hd, oj);
         }
-        for (int j = 0; j < nq; j++) {
-            const int r = rowq[j], cnt = nslots[j] - n_old;
-            for (int i0 = 0; i0 < cnt; i0 += 32) {
-                const int m = cnt - i0 < 32 ? cnt - i0 : 32;
+        if (!anc) /* a chain: the rows' own slots widened once per 32, each row's queries summing its visible ones */
+            for (int i0 = 0; i0 <= rowq[nq - 1]; i0 += 32) {
+                const int m = rowq[nq - 1] + 1 - i0 < 32 ? rowq[nq - 1] + 1 - i0 : 32; /* the last row sees the most */
                 for (int i = 0; i < m; i++)
                     for (int d = 0; d < hd; d += 16)
-                        _mm512_storeu_ps(vbuf + (size_t)i * hd + d, ld16(vh + (size_t)SLOT(r, n_old + i0 + i) * hd + d, hd - d));
-                const float *pj = sc + (size_t)j * (S + 16) + n_old + i0;
-                float *oj = oacc + (size_t)j * 256;
-                value_sum(&pj, 1, m, vbuf, hd, &oj);
+                        _mm512_storeu_ps(vbuf + (size_t)i * hd + d, ld16(vh + (size_t)(n_old + i0 + i) * hd + d, hd - d));
+                for (int j = 0, e; j < nq; j = e) { /* queries j .. e - 1: one row's */
+                    for (e = j + 1; e < nq && rowq[e] == rowq[j]; e++) {}
+                    const int cnt = rowq[j] + 1 - i0; /* its own slots from i0 on */
+                    if (cnt <= 0) continue;
+                    const float *pj[16];
+                    float *oj[16];
+                    for (int t = j; t < e; t++) pj[t - j] = sc + (size_t)t * (S + 16) + n_old + i0, oj[t - j] = oacc + (size_t)t * 256;
+                    value_sum(pj, e - j, cnt < m ? cnt : m, vbuf, hd, oj);
+                }
             }
-            elem *orow = out + (size_t)r * H * hd + (size_t)(hk * g + (q0 + j) % g) * hd;
+        else
+            for (int j = 0; j < nq; j++) {
+                const int r = rowq[j], cnt = nslots[j] - n_old;
+                for (int i0 = 0; i0 < cnt; i0 += 32) {
+                    const int m = cnt - i0 < 32 ? cnt - i0 : 32;
+                    for (int i = 0; i < m; i++)
+                        for (int d = 0; d < hd; d += 16)
+                            _mm512_storeu_ps(vbuf + (size_t)i * hd + d, ld16(vh + (size_t)SLOT(r, n_old + i0 + i) * hd + d, hd - d));
+                    const float *pj = sc + (size_t)j * (S + 16) + n_old + i0;
+                    float *oj = oacc + (size_t)j * 256;
+                    value_sum(&pj, 1, m, vbuf, hd, &oj);
+                }
+            }
+        for (int j = 0; j < nq; j++) {
+            elem *orow = out + (size_t)rowq[j] * H * hd + (size_t)(hk * g + (q0 + j) % g) * hd;
             for (int d = 0; d < hd; d += 16) st16(orow + d, ldf(oacc + (size_t)j * 256 + d, hd - d), hd - d);
         }
 #undef QPTR
