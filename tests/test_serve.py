@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 import mtpspec
 from mtpspec import Draft, MTPHead, SamplingConfig
 from mtpspec.core import fused
-from mtpspec.core.batch import AMX_DRAFT_ROWS, BatchConfig
+from mtpspec.core.batch import AMX_DRAFT_ROWS, AMX_MAX_ROWS, BatchConfig
 from mtpspec.detokenize import TextStream
 from mtpspec.errors import InputError
 from mtpspec.models import chat_ids, load_target
@@ -621,6 +621,12 @@ def test_config_refuses_bad_limits_and_resolves_amx_blocks():
     # rows cost little on AMX tiles: the running requests share more drafts there
     assert ServeConfig(amx_blocks=True).batch_config().draft_rows == AMX_DRAFT_ROWS > BatchConfig().draft_rows
     assert ServeConfig(amx_blocks=False).batch_config().draft_rows == BatchConfig().draft_rows
+    # and more rows a forward, unless max_rows is given
+    assert ServeConfig(amx_blocks=True).batch_config().max_rows == AMX_MAX_ROWS
+    assert ServeConfig(amx_blocks=False).batch_config().max_rows == 48 < AMX_MAX_ROWS
+    assert ServeConfig(amx_blocks=True, max_rows=32).batch_config().max_rows == 32
+    with pytest.raises(InputError, match="max_rows must be in"):
+        ServeConfig(max_rows=AMX_MAX_ROWS + 1)
 
 
 def test_load_engine_puts_blocks_on_amx_tiles_only_for_a_batching_server(tiny, process_kernels):

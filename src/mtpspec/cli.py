@@ -657,8 +657,9 @@ def serve(
                             "more gets 429."),
     max_running: int = option(ServeConfig, "max_running", help="Requests decoded together (continuous batching; each "
                               "reply is what it decodes alone); 1 = one at a time."),
-    max_rows: int = option(ServeConfig, "max_rows", help="Rows one target forward may run: the running requests' rounds "
-                           "plus prompt chunks."),
+    max_rows: int | None = option(ServeConfig, "max_rows", help="Rows one target forward may run: the running requests' "
+                                  "rounds plus prompt chunks [default: 64 where quantized matrices run on AMX tiles, "
+                                  "else 48]."),
     amx_blocks: bool | None = typer.Option(None, "--amx-blocks/--no-amx-blocks", help="Quantized matrices on the AMX "
                                            "tiles where the CPU has them (many rows a forward cost about one; one row "
                                            "costs more) [default: when --max-running > 1]."),

@@ -48,6 +48,11 @@ BATCH_ROWS_MAX = 64
 # prompts, 96 tokens, k = 3 at most) gave 328 tok/s with 6 (no drafts), 374 with 16, 373 with
 # 24, 370 with 32 (an earlier run: 346 / 391 / 402 / 384); on AVX-512 6 stays best.
 AMX_DRAFT_ROWS = 24
+# Rows of one forward where quantized matrices run on AMX tiles: the most the tests check. On a
+# 2-core Xeon with AMX (2026-12-07, `load_test.py --rounds 3`, two alternating pairs), 64 against
+# 48 gave 8 streams 3.87 / 3.83x one stream against 3.63 / 3.78x, and TTFT p50 61-64 ms against
+# 77 ms: 8 prompts joining at once fit fewer steps.
+AMX_MAX_ROWS = BATCH_ROWS_MAX
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..config import AcceptanceConfig, SamplingConfig
-from ..core.batch import AMX_DRAFT_ROWS, Batch, BatchConfig, Slot
+from ..core.batch import AMX_DRAFT_ROWS, AMX_MAX_ROWS, Batch, BatchConfig, Slot
 from ..core.decode import DecodeState, Round
 from ..core.drafters import build_drafter
 from ..core.head import MTPHead
@@ -54,7 +54,9 @@ class ServeConfig:
     # Requests decoded together (continuous batching); 1 = one at a time.
     max_running: int = 8
     # Rows one target forward may run (running requests' rounds plus prompt chunks; `BatchConfig`).
-    max_rows: int = 48
+    # None: AMX_MAX_ROWS where quantized matrices run on AMX tiles (rows cost little there, and a
+    # joining prompt then fits one step more often), else 48.
+    max_rows: int | None = None
     # Finished requests whose caches are kept for the next prompts that begin as theirs did (a
     # chat's next turn, the same system prompt or instructions): those prompts copy the shared
     # prefix's keys and values instead of prefilling it (`BatchConfig.prefix_keep`; exact, the
@@ -93,12 +95,13 @@ class ServeConfig:
 
     def batch_config(self) -> BatchConfig:
         """The batch the worker decodes on: max_rows a forward, up to 16 of them for prompts, the
-        last prefix_keep finished requests' caches kept for their prefixes; the running requests
-        share AMX_DRAFT_ROWS draft rows where quantized matrices run on AMX tiles (rows cost
-        little there), else BatchConfig's default."""
+        last prefix_keep finished requests' caches kept for their prefixes; where quantized
+        matrices run on AMX tiles (rows cost little there), AMX_MAX_ROWS rows a forward unless
+        max_rows says otherwise and AMX_DRAFT_ROWS draft rows shared by the running requests,
+        else 48 rows and BatchConfig's draft rows."""
         more = {"draft_rows": AMX_DRAFT_ROWS} if self.amx_blocks else {}
-        return BatchConfig(max_rows=self.max_rows, prefill_rows=min(16, self.max_rows), prefix_keep=self.prefix_keep,
-                           **more)
+        rows = self.max_rows if self.max_rows is not None else AMX_MAX_ROWS if self.amx_blocks else 48
+        return BatchConfig(max_rows=rows, prefill_rows=min(16, rows), prefix_keep=self.prefix_keep, **more)
 
     def wants_amx_blocks(self) -> bool:
         """amx_blocks, with None resolved: on when requests are batched."""
