@@ -523,7 +523,7 @@ def markdown(cfg: Config, runs: dict[str, dict], rows: list[dict]) -> str:
            f"prompt the others ask), time limit {cfg.time_limit:.0f} s a level. "
            + (f"Levels run {cfg.rounds} times in turn (1, 2, ..., 1, 2, ...); each row is the level's median "
               f"round by aggregate tok/s (`rounds`: every round's), `x first` its median over the first level's, "
-              f"`exact` over all rounds. " if cfg.rounds > 1 else "")
+              f"`errors` and `exact` over all rounds. " if cfg.rounds > 1 else "")
            + f"Tokens counted by {cfg.count}. "
            f"ITL: {ITL_RULE}. `in flight`: requests in flight on average (latencies summed over the wall "
            f"time). `exact`: texts equal to the same prompt's at the first level.", ""]

@@ -807,12 +807,8 @@ static void matmul_amx(const bf16 *x, int R, int I, const Mat *w, int O, float *
                 const int nr = R - cb * 16 < N ? R - cb * 16 : N; /* rows of this column block */
                 for (int t = 0; t < nt; t++) {
                     float *yt = y + (size_t)cb * 16 * O + o_part + o0 + 16 * t; /* row cb * 16, output o0 + 16 t */
-                    if (N == 16) { /* tile t is 16 outputs x 16 rows: transposed in registers, a row's 16 sums stored at once */
-                        __m512 v[16];
-                        for (int i = 0; i < 16; i++) v[i] = _mm512_loadu_ps(c[t] + i * 16);
-                        transpose16(v);
-                        for (int n = 0; n < nr; n++) _mm512_storeu_ps(yt + (size_t)n * O, v[n]);
-                    } else
+                    if (N == 16) amx_put16(c[t], yt, O, nr);
+                    else
                         for (int n = 0; n < nr; n++)
                             for (int i = 0; i < 16; i++) yt[(size_t)n * O + i] = c[t][i * N + n];
                 }

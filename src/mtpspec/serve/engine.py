@@ -55,7 +55,7 @@ class ServeConfig:
     max_running: int = 8
     # Rows one target forward may run (running requests' rounds plus prompt chunks; `BatchConfig`).
     # None: AMX_MAX_ROWS where quantized matrices run on AMX tiles (rows cost little there, and a
-    # joining prompt then fits one step more often), else 48.
+    # joining prompt then fits one step more often), else BatchConfig's default (48).
     max_rows: int | None = None
     # Finished requests whose caches are kept for the next prompts that begin as theirs did (a
     # chat's next turn, the same system prompt or instructions): those prompts copy the shared
@@ -98,9 +98,9 @@ class ServeConfig:
         last prefix_keep finished requests' caches kept for their prefixes; where quantized
         matrices run on AMX tiles (rows cost little there), AMX_MAX_ROWS rows a forward unless
         max_rows says otherwise and AMX_DRAFT_ROWS draft rows shared by the running requests,
-        else 48 rows and BatchConfig's draft rows."""
+        else BatchConfig's rows and draft rows."""
         more = {"draft_rows": AMX_DRAFT_ROWS} if self.amx_blocks else {}
-        rows = self.max_rows if self.max_rows is not None else AMX_MAX_ROWS if self.amx_blocks else 48
+        rows = self.max_rows if self.max_rows is not None else AMX_MAX_ROWS if self.amx_blocks else BatchConfig.max_rows
         return BatchConfig(max_rows=rows, prefill_rows=min(16, rows), prefix_keep=self.prefix_keep, **more)
 
     def wants_amx_blocks(self) -> bool:
