@@ -367,6 +367,7 @@ def test_the_batched_engine_writes_mtpspec_plain_decoding_and_resumes_exactly(ti
     drafts change nothing), the set records how it was written, and a resumed run writes what
     one run writes."""
     import mtpspec
+    from mtpspec.core import fused
     from mtpspec.training.batch_generate import GENERATION
     from mtpspec.training.data import recorded_engine, stop_token_ids
 
@@ -374,8 +375,9 @@ def test_the_batched_engine_writes_mtpspec_plain_decoding_and_resumes_exactly(ti
     head = mtpspec.MTPHead.for_target(model)
     m = generate_data(model, tok, tmp_path / "one", DataConfig(num_samples=8, **CFG), progress=False, engine="batch",
                       head=head)
-    assert m["settings"]["generation"] == GENERATION and recorded_engine(tmp_path / "one") == "batch"
     target, stop = mtpspec.Target(model), stop_token_ids(model, tok)
+    assert m["settings"]["generation"] == {**GENERATION, "matmuls": fused.matmuls(target)}
+    assert recorded_engine(tmp_path / "one") == "batch"
     samples = load_samples(tmp_path / "one")
     assert len(samples) >= 8
     for ids, pl in samples:
@@ -423,6 +425,32 @@ def test_batches_in_flight_write_what_one_batch_at_a_time_writes(tiny, tmp_path,
     generate_data(model, tok, tmp_path / "resumed", DataConfig(num_samples=5, **CFG), progress=False, engine="batch")
     resumed = generate_data(model, tok, tmp_path / "resumed", cfg, progress=False, engine="batch")
     assert resumed == many
+
+
+def test_a_batched_set_is_extended_only_by_the_arithmetic_that_wrote_it(tiny, tmp_path):
+    """The batched writer records how its matrices were computed (AMX tiles and AVX-512 sum in
+    other orders, so sampled turns differ): a set written otherwise is refused with where to
+    extend it, nothing written; a set written before the record existed extends as it was."""
+    import mtpspec
+    from mtpspec.core import fused
+
+    model, tok = tiny
+    here = fused.matmuls(mtpspec.Target(model))
+    m = generate_data(model, tok, tmp_path, DataConfig(num_samples=2, **CFG), progress=False, engine="batch")
+    assert m["settings"]["generation"]["matmuls"] == here
+    path = tmp_path / "manifest.json"
+    written = json.loads(path.read_text())
+    other = "amx" if here != "amx" else "avx512"
+    path.write_text(json.dumps({**written, "settings": {**written["settings"], "generation": {
+        **written["settings"]["generation"], "matmuls": other}}}))
+    shards = sorted(p.name for p in tmp_path.glob("shard_*"))
+    with pytest.raises(DataError, match=f"written with .*{'AMX' if other == 'amx' else 'AVX-512'}.*another --out"):
+        generate_data(model, tok, tmp_path, DataConfig(num_samples=6, **CFG), progress=False, engine="batch")
+    assert sorted(p.name for p in tmp_path.glob("shard_*")) == shards
+    legacy = {k: v for k, v in written["settings"]["generation"].items() if k != "matmuls"}
+    path.write_text(json.dumps({**written, "settings": {**written["settings"], "generation": legacy}}))
+    grown = generate_data(model, tok, tmp_path, DataConfig(num_samples=6, **CFG), progress=False, engine="batch")
+    assert grown["num_samples"] >= 6 and grown["settings"]["generation"] == legacy
 
 
 def test_a_set_keeps_the_engine_that_started_it(tiny, tmp_path):

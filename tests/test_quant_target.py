@@ -103,6 +103,19 @@ def test_speculative_equals_plain_decoding_on_quantized_weights(pair):
         assert torch.equal(out.sequences, plain.sequences), k
 
 
+def test_matmuls_names_the_arithmetic_in_use(dtype):
+    """What a data set records of how its target's matrices were computed: the tiles where the
+    fixture put dense and quantized matrices on them, dot products elsewhere, PyTorch for a
+    target the fused forward does not take."""
+    _, quantized = quantized_pair(2, dtype)
+    target = mtpspec.Target(quantized)
+    amx = dtype == torch.bfloat16 and fused._library(dtype)[0].fused_amx()
+    assert fused.matmuls(target) == ("amx" if amx else "avx512")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(fused, "unsupported", lambda t: "not here")
+        assert fused.matmuls(target) == "torch"
+
+
 def test_the_op_by_op_modules_dequantize_to_the_same_values():
     dense, quant = quantized_pair(3, torch.float32)
     h = torch.randn(2, 128)

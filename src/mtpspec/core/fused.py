@@ -152,6 +152,19 @@ def uses_amx() -> bool:
     return bool(_library(torch.bfloat16)[1])
 
 
+def matmuls(target: Target) -> str:
+    """How this process computes `target`'s matrices now, as a data set records it: "amx" (dense
+    and quantized matrices on AMX tiles), "amx-dense" (dense ones only, quantized ones on
+    AVX-512), "avx512" (AVX-512 dot products; on a CPU with AMX too under MTPSPEC_AMX=0), or
+    "torch" (the target does not run through the fused forward here). Each is exact in itself, but
+    their fp32 sums run in different orders, so a sampled token can come out differently."""
+    if unsupported(target) is not None:
+        return "torch"
+    so = _library(target.dtype)[0]
+    bits = so.fused_amx() if so is not None and target.dtype == torch.bfloat16 else 0
+    return "amx" if bits & AMX_BLOCKS else "amx-dense" if bits else "avx512"
+
+
 def amx_blocks(on: bool) -> bool:
     """Run quantized matrices (GGUF blocks) on the AMX tiles too, or not; returns whether they now
     do (False where there is no AMX). For a process that batches many rows per forward (a server,

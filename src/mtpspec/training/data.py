@@ -560,13 +560,17 @@ def generate_data(model: Any, tokenizer: Any, out_dir: str | Path, cfg: DataConf
     was = recorded_engine(out)
     if was is not None:
         engine = was  # a set is extended by the engine that wrote it
-    settings["generation"] = dict(GENERATION) if engine == "batch" else generation(model)
-    manifest = _load_manifest(out, target, settings)
-    out.mkdir(parents=True, exist_ok=True)
     if engine == "batch":  # up to BATCH_ROWS_MAX rows a forward: quantized matrices on AMX tiles where there are some
         with fused.blocks_on_amx() as amx:
+            # the matrices' arithmetic decides the sampled tokens: a set is extended only by the same
+            settings["generation"] = {**GENERATION, "matmuls": fused.matmuls(target)}
+            manifest = _load_manifest(out, target, settings)
+            out.mkdir(parents=True, exist_ok=True)
             return _write(model, tokenizer, out, cfg, recipe, extra, real, manifest, progress,
                           writer=_BatchWriter(target, tokenizer, cfg, stop_token_ids(model, tokenizer), head, amx))
+    settings["generation"] = generation(model)
+    manifest = _load_manifest(out, target, settings)
+    out.mkdir(parents=True, exist_ok=True)
     # None: a set started before `fast_generate`, extended with HF's own generation, as it was written
     how = manifest["settings"].get("generation")
     with attention_implementation(model, how["attention"]) if how else contextlib.nullcontext():
@@ -655,6 +659,14 @@ def recorded_dtype(out: str | Path) -> str | None:
         return None
 
 
+# What `fused.matmuls` names, for the message that refuses to extend a set with other arithmetic
+MATMULS = {"amx": "its matrices on AMX tiles", "amx-dense": "its dense matrices on AMX tiles and quantized ones on "
+           "AVX-512", "avx512": "AVX-512 dot products", "torch": "PyTorch's own matmuls (no fused forward)"}
+MATMULS_WHERE = {"amx": "a CPU with AMX (amx_tile, amx_bf16)", "amx-dense": "a CPU with AMX, with MTPSPEC_AMX=1 and the "
+                 "writer's blocks off", "avx512": "a CPU with avx512_bf16 and no AMX, or MTPSPEC_AMX=0 on one with AMX",
+                 "torch": "a machine where the fused forward does not run, or MTPSPEC_FUSED=0"}
+
+
 def check_engine(engine: str) -> None:
     if engine not in ("hf", "batch"):
         raise InputError(f"engine must be 'hf' (Hugging Face generate) or 'batch' (mtpspec's batched loop), got {engine!r}.")
@@ -679,6 +691,15 @@ def _load_manifest(out: Path, target: Target, settings: dict[str, Any]) -> dict[
             settings = {k: v for k, v in settings.items() if k != "generation"}
         elif "batching" not in m["settings"]["generation"]:  # written before length buckets: one call per batch
             settings = {**settings, "generation": {k: v for k, v in settings["generation"].items() if k != "batching"}}
+        was, now = m["settings"].get("generation", {}).get("matmuls"), settings.get("generation", {}).get("matmuls")
+        if now is not None and was is None:  # a batched set written before it was recorded: as it was
+            settings = {**settings, "generation": {k: v for k, v in settings["generation"].items() if k != "matmuls"}}
+        elif was != now:
+            raise DataError(f"{out} was written with {MATMULS.get(was, was)}; this process computes "
+                            f"{MATMULS.get(now, now)}. Their sums round in another order, so this process would "
+                            f"sample other tokens than the set's seeds gave where it was written. Extend it where "
+                            f"it was written ({MATMULS_WHERE.get(was, 'the same CPU kind')}), or write a new set "
+                            "here (another --out).")
         if m["settings"] != settings:
             raise DataError(f"{out} was written with other settings ({settings_diff(m['settings'], settings)}); "
                             "use the same flags to resume, or another --out for new data.")
