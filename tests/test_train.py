@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from copy import deepcopy
 from pathlib import Path
 
 import pytest
@@ -639,6 +640,39 @@ def test_online_activations_equal_the_cache_and_train_the_same_head(tiny_run, tm
     a, b = (torch.load(tmp_path / d / "checkpoint.pt", weights_only=False)["model"] for d in ("cached", "online"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not list((tmp_path / "online").glob("act*"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cache_keeps_the_teacher_only_where_a_loss_reads_it(tiny_run, dtype):
+    """The teacher's log-probs are stored from row prompt_len - 1 on (the law of the first answer
+    token), bit for bit what the LM head over every row gives there; the prompt's rows hold
+    NO_TEACHER; and the head's loss is the same as with the teacher on every row."""
+    from mtpspec.training.activations import NO_TEACHER, activations
+    from mtpspec.training.shards import load_samples
+
+    model, root = tiny_run
+    target = Target(deepcopy(model).to(dtype))
+    head = MTPHead.for_target(model)  # fp32, as training runs it, whatever the data's dtype
+    obj = MTPObjective(head, TrainConfig(epochs=1, **{**FAST, "max_draft_tokens": 3}))
+    stored, full = [], []
+    for ids, pl in load_samples(root / "data")[:5]:
+        a = activations(target, ids, pl, (-1,), target.layer_index(-1), 8)
+        logits = target.forward(ids[None], target.new_cache()).logits[0]  # (T, V): every row
+        top = logits.log_softmax(-1).topk(8, dim=-1)
+        assert torch.equal(a["top_logp"][pl - 1:], top.values[pl - 1:].to(torch.float16))
+        assert torch.equal(a["top_ids"][pl - 1:], top.indices[pl - 1:].int())
+        assert bool((a["top_logp"][:pl - 1] == NO_TEACHER).all()) and not a["top_ids"][:pl - 1].any()
+        every = {**a, "top_logp": top.values.to(torch.float16), "top_ids": top.indices.int()}
+        stored.append(_sample(a))
+        full.append(_sample(every))
+    with torch.no_grad():
+        (x, n), (y, m) = obj.loss(head, collate(stored)), obj.loss(head, collate(full))
+    assert n == m > 0 and torch.equal(x, y)
+
+
+def _sample(t: dict) -> Sample:
+    return Sample(ids=t["ids"].long(), prompt_len=int(t["prompt_len"][0]), hidden=t["hidden"], keys=t["keys"],
+                  values=t["values"], top_logp=t["top_logp"], top_ids=t["top_ids"].long())
 
 
 def test_mtpspec_train_online_writes_no_activation_cache(tmp_path):

@@ -3,9 +3,9 @@ head needs, and train for many epochs without re-running it.
 
 Per sample (T tokens): the head's input features (T, F), the cached keys and values of the
 layer it attends to (Hk, T, hd) each, and the target's top-k next-token log-probabilities
-(T, k) with their token ids. Stored in bf16/fp16 shards with a manifest that records the
-target identity and the head settings they were computed for; an interrupted build resumes
-at the first missing shard.
+(T, k) with their token ids (computed only on the rows a loss reads: from the last prompt
+row on). Stored in bf16/fp16 shards with a manifest that records the target identity and the
+head settings they were computed for; an interrupted build resumes at the first missing shard.
 
 Training streams from these shards instead of holding them in memory (~2 KB per token: 5M
 tokens would be ~10 GB): `load_cache` returns a `Samples` view whose items are read from the
@@ -36,6 +36,7 @@ from ..errors import DataError
 from .shards import DataRef, read_manifest
 
 MANIFEST = "activations.json"
+NO_TEACHER = -1e4  # a prompt row's teacher log-probs: no loss term reads them (`activations`)
 
 
 @dataclass
@@ -102,19 +103,29 @@ def build_cache(target: Target, data: str | Path | DataRef, cache_dir: str | Pat
 def activations(target: Target, ids: torch.Tensor, prompt_len: int, hidden_layers: tuple[int, ...], kv: int,
                 teacher_topk: int) -> dict[str, torch.Tensor]:
     """One sample's stored tensors, as a shard holds them (ids and prompt length int32; features,
-    keys and values rounded to bf16; teacher log-probs to fp16): ids (T,) -> the target's run."""
+    keys and values rounded to bf16; teacher log-probs to fp16): ids (T,) -> the target's run.
+
+    The teacher's log-probs only where training reads them: row t holds the law of x_{t+1}, and
+    every loss term predicts an answer token, so rows from prompt_len - 1 on. The prompt's rows
+    hold `NO_TEACHER` (log-prob -1e4, id 0, as padding does): the LM head and its softmax are a
+    third of a forward's cost, and prompts are about half the kept data's tokens."""
+    T = ids.shape[0]
+    first = min(max(prompt_len - 1, 0), T - 1)  # a prompt cut at max_len: its last row, read by nothing
     cache = target.new_cache()
-    step = target.forward(ids[None].to(target.device), cache, hidden_layers)
+    step = target.forward(ids[None].to(target.device), cache, hidden_layers, logits_to_keep=T - first)
     keys, values = cache.layer(kv)  # (1, Hk, T, hd)
-    top = step.logits[0].log_softmax(-1).topk(teacher_topk, dim=-1)  # over (T, V)
+    top = step.logits[0].log_softmax(-1).topk(teacher_topk, dim=-1)  # over (T - first, V)
+    top_logp = torch.full((T, teacher_topk), NO_TEACHER, dtype=torch.float16)
+    top_ids = torch.zeros(T, teacher_topk, dtype=torch.int32)
+    top_logp[first:], top_ids[first:] = top.values.to(torch.float16), top.indices.int()
     return {
         "ids": ids.int(),
         "prompt_len": torch.tensor([prompt_len], dtype=torch.int32),
         "hidden": step.hidden[0].to(torch.bfloat16).contiguous(),
         "keys": keys[0].to(torch.bfloat16).contiguous(),  # a view of the cache's first T slots
         "values": values[0].to(torch.bfloat16).contiguous(),
-        "top_logp": top.values.to(torch.float16),
-        "top_ids": top.indices.int(),
+        "top_logp": top_logp,
+        "top_ids": top_ids,
     }
 
 
