@@ -454,6 +454,39 @@ def test_a_data_reference_names_a_directory_or_its_first_shards(tmp_path):
     assert DataRef.parse("c:x") == DataRef(Path("c:x"))
 
 
+def test_a_slice_of_a_set_is_its_shards_a_to_b_and_caches_apart(tiny_run, tmp_path):
+    """`DIR:A-B` names shards A to B - 1: their samples in order, `DIR:B` minus `DIR:A`; a cache
+    of a slice records where it starts, so a cache of the set's first shards is not taken for it;
+    a slice that is empty or past the set is refused with the set's size."""
+    import shutil
+
+    from mtpspec.training.shards import DataRef, load_samples, read_manifest, save_manifest, shard_path, write_shard
+
+    model, root = tiny_run
+    data = tmp_path / "data"
+    shutil.copytree(root / "data", data)
+    m = read_manifest(data)
+    write_shard(shard_path(data, 1), [(list(range(4, 40)), 5), (list(range(40, 90)), 7)])
+    write_shard(shard_path(data, 2), [(list(range(5, 30)), 3)])
+    save_manifest(data, {**m, "num_shards": 3, "num_samples": m["num_samples"] + 3})
+    ref = DataRef.parse(f"{data}:1-3")
+    assert ref == DataRef(data, 3, 1) and str(ref) == f"{data}:1-3"
+    def as_lists(ss):
+        return [(i.tolist(), pl) for i, pl in ss]
+
+    assert as_lists(ref.samples()) == as_lists(load_samples(data))[len(load_samples(data, 1)):]
+    assert as_lists(DataRef.parse(f"{data}:0-2").samples()) == as_lists(load_samples(data, 2))
+    build_cache(Target(model), f"{data}:1", tmp_path / "act", (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
+    with pytest.raises(DataError, match="other settings"):
+        build_cache(Target(model), ref, tmp_path / "act", (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
+    build_cache(Target(model), ref, tmp_path / "slice", (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
+    assert [s.ids.tolist() for s in load_cache(tmp_path / "slice")] == [i for i, _ in as_lists(ref.samples())]
+    with pytest.raises(DataError, match="A must be below B"):
+        DataRef.parse(f"{data}:2-2")
+    with pytest.raises(DataError, match="has 3 shards.*takes B from 1 to 3, not 5"):
+        DataRef.parse(f"{data}:1-5").samples()
+
+
 def test_continuing_a_saved_head_starts_from_its_weights_and_vocabulary(tiny_run, tmp_path):
     from mtpspec.training.train import split
 

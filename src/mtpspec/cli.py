@@ -298,8 +298,9 @@ def data(
 @app.command()
 @user_errors
 def train(
-    data_dirs: list[Path] = typer.Option(..., "--data", "-d", help="Directory written by `mtpspec data`, or DIR:N for its first N shards "
-                                     "(a kept set grows; a recipe names the shards it trained on); repeat to train on several."),
+    data_dirs: list[Path] = typer.Option(..., "--data", "-d", help="Directory written by `mtpspec data`, or DIR:N for its first N shards, "
+                                     "DIR:A-B for its shards A to B - 1 (a kept set grows; a recipe names the shards it trained "
+                                     "on); repeat to train on several."),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory: activations/ (activations-1/, ... for further data sets), "
                              "checkpoint.pt, metrics.jsonl, head/ (or draft_model/, assistant/)."),
     target: str = TARGET,

@@ -71,6 +71,8 @@ def build_cache(target: Target, data: str | Path | DataRef, cache_dir: str | Pat
         "per_shard": per_shard,
         "dtype": str(target.dtype).removeprefix("torch."),
     }
+    if ref.first:  # a slice `DIR:A-B`: its samples start at shard A, not at the set's first
+        settings["first_shard"] = ref.first
     n_shards = (len(samples) + per_shard - 1) // per_shard
     mpath = out / MANIFEST
     done = 0

@@ -87,12 +87,12 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
     return m
 
 
-def load_samples(data_dir: str | Path, shards: int | None = None) -> list[tuple[torch.Tensor, int]]:
+def load_samples(data_dir: str | Path, shards: int | None = None, first: int = 0) -> list[tuple[torch.Tensor, int]]:
     """All (token ids (T,), prompt length) pairs of a data directory, in shard order; of its
-    first `shards` shards only, if given."""
+    first `shards` shards only, if given; from shard `first` on."""
     d = Path(data_dir)
-    n = DataRef(d, shards).num_shards()
-    out = [s for i in range(n) for s in read_shard(shard_path(d, i))]
+    n = DataRef(d, shards, first).num_shards()
+    out = [s for i in range(first, n) for s in read_shard(shard_path(d, i))]
     if not out:
         raise DataError(f"{d} holds no samples yet.")
     return out
@@ -100,39 +100,55 @@ def load_samples(data_dir: str | Path, shards: int | None = None) -> list[tuple[
 
 @dataclass(frozen=True)
 class DataRef:
-    """A data directory, or only its first `shards` shards (`DIR:N` on the command line).
+    """A data directory, or only its first `shards` shards (`DIR:N` on the command line), or its
+    shards `first` to `shards` - 1 (`DIR:A-B`).
 
     Kept sets grow across sessions while a recipe names the data a head was trained on: a set's
-    shards are written once, in order, so its first N shards are the same samples forever.
+    shards are written once, in order, so its first N shards are the same samples forever, and
+    so are shards A to B - 1: a head continued session by session on the next slice of a set
+    names each slice.
     """
 
     path: Path
     shards: int | None = None
+    first: int = 0
 
     @classmethod
     def parse(cls, text: str | Path | DataRef) -> DataRef:
-        """`DIR` or `DIR:N` (N >= 1); a directory whose own name ends in `:digits` is taken whole."""
+        """`DIR`, `DIR:N` (N >= 1) or `DIR:A-B` (0 <= A < B); a directory whose own name ends in
+        `:digits` (or `:digits-digits`) is taken whole."""
         if isinstance(text, DataRef):
             return text
         s = str(text)
         head, sep, tail = s.rpartition(":")
-        if sep and head and tail.isdigit() and not Path(s).exists():
-            return cls(Path(head), int(tail))
+        if sep and head and not Path(s).exists():
+            if tail.isdigit():
+                return cls(Path(head), int(tail))
+            a, dash, b = tail.partition("-")
+            if dash and a.isdigit() and b.isdigit():
+                if int(a) >= int(b):
+                    raise DataError(f"`{s}`: a slice `DIR:A-B` takes shards A to B - 1, so A must be below B.")
+                return cls(Path(head), int(b), int(a))
         return cls(Path(s))
 
     def num_shards(self) -> int:
-        """The shards this reference covers; a DataError if it asks for more than the set has."""
+        """The end of the shards this reference covers (shards `first` up to it); a DataError if
+        it asks for more than the set has."""
         m = read_manifest(self.path)
         if self.shards is None:
+            if self.first >= m["num_shards"]:
+                raise DataError(f"{self.path} has {m['num_shards']} shards; a slice cannot start at {self.first}.")
             return m["num_shards"]
         if not 1 <= self.shards <= m["num_shards"]:
             n = m["num_shards"]
-            raise DataError(f"{self.path} has {n} shard{'s' * (n != 1)}; `{self.path}:N` takes N from 1 to {n}, "
-                            f"not {self.shards}.")
+            form = f"`{self.path}:A-B` takes B" if self.first else f"`{self.path}:N` takes N"
+            raise DataError(f"{self.path} has {n} shard{'s' * (n != 1)}; {form} from 1 to {n}, not {self.shards}.")
         return self.shards
 
     def samples(self) -> list[tuple[torch.Tensor, int]]:
-        return load_samples(self.path, self.shards)
+        return load_samples(self.path, self.shards, self.first)
 
     def __str__(self) -> str:
+        if self.first:
+            return f"{self.path}:{self.first}-{self.shards}"
         return str(self.path) if self.shards is None else f"{self.path}:{self.shards}"
