@@ -49,7 +49,9 @@ def test_grouped_decode_attention_equals_sdpa_on_a_left_padded_batch(family, mon
         assert model.config._attn_implementation == before  # the caller's model is given back as it was
     assert len(calls) == steps * model.config.num_hidden_layers  # every decode step took the fast path
     for a, b in zip(want, got):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        # fp32 sums in another order: Gemma 4's E model differs by 1.7e-5 (one logit of 291) on a
+        # Zen 4 EPYC, 0 on the Xeon; a wrong mask or window moves logits by ~1e-1
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
 def test_nucleus_sampler_draws_from_hf_top_p_distribution():
