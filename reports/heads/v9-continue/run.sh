@@ -14,8 +14,4 @@ RESUME=""; [ -f $R/checkpoint.pt ] && RESUME="--resume"
 [ -f $R/head/mtp_head.safetensors ] || mtpspec train --data $D/v9-batch-seed12:$N --out $R \
   --init-head src/mtpspec/pretrained/smollm2-135m-instruct --lr 1e-3 --eval-every 100 $FLAGS $RESUME
 mkdir -p $O && cp $R/metrics.jsonl $O/
-A="mtpspec acceptance --head $R/head -n 64 --threads $T"
-$A -k 4 --out $O/end-builtin.json
-$A -k 3 --out $O/end-builtin-k3.json
-$A --prompts reports/training/everyday/ondevice-people-48.jsonl -k 4 --out $O/end-people.json
-$A --prompts ../shared/data/spec_bench/question.jsonl --limit 48 -k 6 --out $O/end-specbench.json
+bash reports/heads/decode-sets.sh $R/head $O $T
