@@ -662,8 +662,9 @@ def recorded_dtype(out: str | Path) -> str | None:
 # What `fused.matmuls` names, for the message that refuses to extend a set with other arithmetic
 MATMULS = {"amx": "its matrices on AMX tiles", "amx-dense": "its dense matrices on AMX tiles and quantized ones on "
            "AVX-512", "avx512": "AVX-512 dot products", "torch": "PyTorch's own matmuls (no fused forward)"}
-MATMULS_WHERE = {"amx": "a CPU with AMX (amx_tile, amx_bf16)", "amx-dense": "a CPU with AMX, with MTPSPEC_AMX=1 and the "
-                 "writer's blocks off", "avx512": "a CPU with avx512_bf16 and no AMX, or MTPSPEC_AMX=0 on one with AMX",
+# (the writer puts blocks on the tiles wherever it can, so it never records "amx-dense")
+MATMULS_WHERE = {"amx": "a CPU with AMX (amx_tile, amx_bf16)",
+                 "avx512": "a CPU with avx512_bf16 and no AMX, or MTPSPEC_AMX=0 on one with AMX",
                  "torch": "a machine where the fused forward does not run, or MTPSPEC_FUSED=0"}
 
 
