@@ -9,6 +9,7 @@ sums; each is exact on its own).
 
     python reports/batching/forward_rows.py
     python reports/batching/forward_rows.py --context 8,200,600 --shapes 1x1,16x1,64x1 --no-head   # rows x context
+    python reports/batching/forward_rows.py --dtype q8 --no-head   # 8-bit activations (VNNI dot products)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main() -> None:
     ap.add_argument("--no-head", action="store_true", help="skip the head's drafting table")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="auto", help="the target's dtype, as `mtpspec --dtype` (auto, bf16, q8, fp32)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -39,7 +41,7 @@ def main() -> None:
     from mtpspec.models import load_target
     from mtpspec.pretrained import resolve_head
 
-    loaded = load_target(None, "auto", "auto")
+    loaded = load_target(None, args.dtype, "auto")
     t = mtpspec.Target(loaded.model)
     head = resolve_head(t, loaded.name, None).head
     g = torch.Generator().manual_seed(0)
