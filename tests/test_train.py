@@ -487,6 +487,25 @@ def test_a_slice_of_a_set_is_its_shards_a_to_b_and_caches_apart(tiny_run, tmp_pa
         DataRef.parse(f"{data}:1-5").samples()
 
 
+def test_a_run_scores_its_held_out_samples_once_at_its_last_step(tiny_run, tmp_path, monkeypatch):
+    """The result's `final` is the last step's held-out evaluation, not a second pass over the
+    held-out samples (online, every pass runs the target over all of them again)."""
+    from mtpspec.training.train import split
+
+    model, root = tiny_run
+    cfg = TrainConfig(epochs=1, **FAST)  # eval_every past the run: the last step is the one evaluation
+    calls = []
+    real = MTPObjective.acceptance
+    monkeypatch.setattr(MTPObjective, "acceptance", lambda self, *a: calls.append(1) or real(self, *a))
+    r = train(Target(model), root / "act", tmp_path / "a", cfg, HeadConfig(draft_vocab_size=40), progress=False)
+    assert len(calls) == 1, calls
+    saved = MTPHead.from_pretrained(tmp_path / "a" / "head", model).float()
+    held = split(load_cache(root / "act"), cfg)[1]
+    assert r["final"] == pytest.approx(real(MTPObjective(saved, cfg), held, cfg.batch_size))
+    last = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["accept_rounds"] == r["final"]["accept_rounds"]
+
+
 def test_continuing_a_saved_head_starts_from_its_weights_and_vocabulary(tiny_run, tmp_path):
     from mtpspec.training.train import split
 

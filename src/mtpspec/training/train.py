@@ -599,6 +599,7 @@ def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Sa
     bar = tqdm(total=total, initial=step, desc=f"train {cfg.kind}", unit="step", disable=not (progress and main))
     metrics_f = (out / METRICS).open("a") if main else None
     stop = total if max_steps is None else min(total, max_steps)
+    evaluated: tuple[int, dict[str, float]] = (-1, {})  # (step, held-out acceptance) of the last evaluation
     while step < stop:
         epoch, within = divmod(step, steps_per_epoch)
         idx = epoch_batches(len(train_set), cfg, epoch)[within]
@@ -634,7 +635,8 @@ def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Sa
                                "lr": sched.get_last_lr()[0], "grad_norm": float(gnorm)}
         if main and held and (step % cfg.eval_every == 0 or step == stop):
             module.eval()
-            rec.update(obj.acceptance(held, cfg.batch_size))
+            evaluated = (step, obj.acceptance(held, cfg.batch_size))
+            rec.update(evaluated[1])
             module.train()
         if main:
             bar.update(1)
@@ -653,7 +655,9 @@ def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Sa
         module.eval()
         if step == total:
             _save_final(module, out)
-        result["final"] = obj.acceptance(held, cfg.batch_size) if held else {}
+        # the loop's last evaluation where it was at this step (online, an evaluation runs the target
+        # over every held-out sample again)
+        result["final"] = (evaluated[1] if evaluated[0] == step else obj.acceptance(held, cfg.batch_size)) if held else {}
         advice = low_acceptance_advice(result["final"], cfg, len(train_set), step, total, epochs, warmup)
         if advice is not None:
             result["advice"] = advice
