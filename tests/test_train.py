@@ -487,6 +487,27 @@ def test_a_slice_of_a_set_is_its_shards_a_to_b_and_caches_apart(tiny_run, tmp_pa
         DataRef.parse(f"{data}:1-5").samples()
 
 
+def test_training_computes_on_the_cpu_even_where_cuda_is_available(monkeypatch):
+    """Nothing in the trainer moves to a GPU, so its autocast, its default and its process group
+    must be the CPU's on a machine with CUDA too (a CUDA autocast leaves CPU ops in fp32; NCCL
+    refuses CPU tensors)."""
+    import torch.distributed as dist
+
+    from mtpspec import models
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert train_mod._autocast(True).device == "cpu"
+    assert models.auto_autocast() == (models.auto_dtype() == torch.bfloat16)
+    backends = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: backends.append(backend))
+    monkeypatch.setattr(train_mod.atexit, "register", lambda fn: None)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert train_mod.init_distributed() == (1, 2)
+    assert backends == ["gloo"]
+
+
 def test_a_run_scores_its_held_out_samples_once_at_its_last_step(tiny_run, tmp_path, monkeypatch):
     """The result's `final` is the last step's held-out evaluation, not a second pass over the
     held-out samples (online, every pass runs the target over all of them again)."""

@@ -321,7 +321,7 @@ def train(
     weight_decay: float = option(TrainConfig, "weight_decay"),
     clip: float = option(TrainConfig, "clip"),
     bf16: bool = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast for training the head or draft model "
-                              "[default: on with a GPU or a CPU with native bf16 matmuls, else off]."),
+                              "[default: on where the CPU has native bf16 matmuls, else off; training runs on the CPU]."),
     holdout: float = option(TrainConfig, "holdout"),
     eval_every: int = option(TrainConfig, "eval_every"),
     save_every: int = option(TrainConfig, "save_every"),

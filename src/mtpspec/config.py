@@ -232,7 +232,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     # Gradient-norm clipping threshold.
     clip: float = 1.0
-    # bf16 autocast for the head's forward/backward (fast on CPUs with avx512_bf16 and on GPUs; `mtpspec train`
+    # bf16 autocast for the head's forward/backward (fast on CPUs with avx512_bf16; `mtpspec train`
     # turns it on only there, see `models.auto_autocast`).
     bf16: bool = True
     # Fraction of samples held out to report acceptance during training.

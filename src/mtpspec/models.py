@@ -67,10 +67,11 @@ def auto_dtype() -> torch.dtype:
 
 
 def auto_autocast() -> bool:
-    """Whether training runs the head in bf16 autocast by default: on a GPU, or on a CPU with
-    native bf16 matmuls (`auto_dtype`). Elsewhere bf16 is emulated (a bf16 matmul ran at 16
-    GFLOP/s against 117 in fp32 on an AVX2-only EPYC), so fp32 trains faster."""
-    return torch.cuda.is_available() or auto_dtype() == torch.bfloat16
+    """Whether training runs the head in bf16 autocast by default: on a CPU with native bf16
+    matmuls (`auto_dtype`; the trainer computes on the CPU, GPU or not). Elsewhere bf16 is
+    emulated (a bf16 matmul ran at 16 GFLOP/s against 117 in fp32 on an AVX2-only EPYC), so fp32
+    trains faster."""
+    return auto_dtype() == torch.bfloat16
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

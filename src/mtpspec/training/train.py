@@ -456,7 +456,9 @@ def dense_weight_of(module: nn.Module) -> torch.Tensor:
 
 # -- the loop ---------------------------------------------------------------------------------
 def _autocast(enabled: bool) -> Any:
-    return torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16, enabled=enabled)
+    # the trainer computes on the CPU (its tensors never move to a GPU), so its autocast is the
+    # CPU's even where CUDA is available: a CUDA autocast would leave every CPU op in fp32
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled)
 
 
 def _lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
@@ -516,7 +518,7 @@ def init_distributed() -> tuple[int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("gloo")  # CPU tensors: NCCL would refuse them where CUDA is available
         atexit.register(_leave_process_group)
     return rank, world
 
