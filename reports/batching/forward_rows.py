@@ -89,8 +89,9 @@ def main() -> None:
     print("head drafts, k = 3 each\n| requests | together ms | one by one ms |\n|---|---|---|")
     for n in (1, 4, 8, 16):
         inps = [DraftInput(tokens, torch.randn(1, t.hidden_size, generator=g).to(t.dtype), caches[i]) for i in range(n)]
-        together = median_time(lambda: head.propose_many(inps, [3] * n, [greedy] * n, [None] * n), args.repeats)
-        alone = median_time(lambda: [head.propose(i, 3, greedy, None) for i in inps], args.repeats)
+        together = median_time(lambda inps=inps, n=n: head.propose_many(inps, [3] * n, [greedy] * n, [None] * n),
+                               args.repeats)
+        alone = median_time(lambda inps=inps: [head.propose(i, 3, greedy, None) for i in inps], args.repeats)
         print(f"| {n} | {together * 1000:.2f} | {alone * 1000:.2f} |", flush=True)
 
 
