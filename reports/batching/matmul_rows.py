@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -54,8 +55,7 @@ def main() -> None:
             x = torch.randn(R, I, generator=g).to(torch.bfloat16)
             y = torch.empty(R, O)
 
-            def call(x: torch.Tensor = x, y: torch.Tensor = y, m: quant.Mat = m, io: tuple = (I, O)) -> None:
-                so.fused_qmatmul(x.data_ptr(), x.shape[0], io[0], ctypes.addressof(m), io[1], y.data_ptr(), args.threads)
+            call = functools.partial(so.fused_qmatmul, x.data_ptr(), R, I, ctypes.addressof(m), O, y.data_ptr(), args.threads)
             t = median_time(call, args.repeats)
             tt = median_time(lambda x=x, w=dense: F.linear(x, w), args.repeats)
             macs = R * O * I / 1e9
