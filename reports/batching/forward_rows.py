@@ -10,6 +10,7 @@ sums; each is exact on its own).
     python reports/batching/forward_rows.py
     python reports/batching/forward_rows.py --context 8,200,600 --shapes 1x1,16x1,64x1 --no-head   # rows x context
     python reports/batching/forward_rows.py --dtype q8 --no-head   # 8-bit activations (VNNI dot products)
+    python reports/batching/forward_rows.py --weights dense --no-head   # the blocks widened to bf16 at load
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="auto", help="the target's dtype, as `mtpspec --dtype` (auto, bf16, q8, fp32)")
+    ap.add_argument("--weights", default="auto", choices=["auto", "gguf", "dense"],
+                    help="compute on the file's blocks (gguf) or on bf16 matrices widened from them at load (dense)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -41,7 +44,7 @@ def main() -> None:
     from mtpspec.models import load_target
     from mtpspec.pretrained import resolve_head
 
-    loaded = load_target(None, args.dtype, "auto")
+    loaded = load_target(None, args.dtype, args.weights)
     t = mtpspec.Target(loaded.model)
     head = resolve_head(t, loaded.name, None).head
     g = torch.Generator().manual_seed(0)
