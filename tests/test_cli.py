@@ -425,7 +425,7 @@ def test_bad_input_is_one_error_line_and_exit_2(bad_inputs, command, message):
 FLAGS_OF = [  # (command, config, its fields without a flag of the same name and default, and why)
     ("generate", "SamplingConfig", {}),
     ("data", "DataConfig", {"require_finished_prompts": "not a user's choice"}),
-    ("train", "TrainConfig", {"bf16": "--bf16 left out is the CPU's choice"}),
+    ("train", "TrainConfig", {"bf16": "--bf16 left out: on for a GPU, else the CPU's choice"}),
     ("train", "HeadConfig", {"trained_draft_tokens": "a record, not a setting"}),
     ("bench", "BenchConfig", {"sweep": "None: no sweep", "contexts": "not a user's choice"}),
     ("serve", "ServeConfig", {"model_name": "the loaded model's", "max_stop": "not a user's choice"}),

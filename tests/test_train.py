@@ -488,15 +488,17 @@ def test_a_slice_of_a_set_is_its_shards_a_to_b_and_caches_apart(tiny_run, tmp_pa
 
 
 def test_training_computes_on_the_cpu_even_where_cuda_is_available(monkeypatch):
-    """Nothing in the trainer moves to a GPU, so its autocast, its default and its process group
-    must be the CPU's on a machine with CUDA too (a CUDA autocast leaves CPU ops in fp32; NCCL
-    refuses CPU tensors)."""
+    """By default the trainer computes on the CPU, so its autocast and its process group must be
+    the CPU's on a machine with CUDA too (a CUDA autocast leaves CPU ops in fp32; NCCL refuses
+    CPU tensors); a GPU is only used when asked for (`--device`)."""
     import torch.distributed as dist
 
     from mtpspec import models
+    from mtpspec.training.devices import autocast, resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert train_mod._autocast(True).device == "cpu"
+    assert resolve_device() == torch.device("cpu")
+    assert autocast(resolve_device(), True).device == "cpu"
     assert models.auto_autocast() == (models.auto_dtype() == torch.bfloat16)
     backends = []
     monkeypatch.setattr(dist, "is_initialized", lambda: False)

@@ -321,7 +321,7 @@ def train(
     weight_decay: float = option(TrainConfig, "weight_decay"),
     clip: float = option(TrainConfig, "clip"),
     bf16: bool = typer.Option(None, "--bf16/--no-bf16", help="bf16 autocast for training the head or draft model "
-                              "[default: on where the CPU has native bf16 matmuls, else off; training runs on the CPU]."),
+                              "[default: on a GPU, and on a CPU with native bf16 matmuls; else off]."),
     holdout: float = option(TrainConfig, "holdout"),
     eval_every: int = option(TrainConfig, "eval_every"),
     save_every: int = option(TrainConfig, "save_every"),
@@ -355,24 +355,28 @@ def train(
     draft_vocab_size: int = option(HeadConfig, "draft_vocab_size", help="0 = full vocabulary."),
     teacher_topk: int = option(train_on_data, "teacher_topk", help="Teacher log-probs kept per position."),
     cache_dtype: str = option(train_on_data, "cache_dtype", help="dtype of the one target pass that caches activations: "
-                              "auto = bf16 where the CPU has native bf16 matmuls, else fp32."),
+                              "auto = bf16 on a GPU or where the CPU has native bf16 matmuls, else fp32."),
     resume: bool = typer.Option(False, "--resume", help="Continue from out/checkpoint.pt."),
     max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps (time-boxing)."),
     online: bool = typer.Option(False, "--online", help="No activation cache on disk (~2 KB per token): the target "
                                 "computes each sample's activations when training reads it, the same values, one "
                                 "forward per sample per epoch."),
+    device: str = typer.Option("cpu", "--device", help="Where the target and the head compute: cpu, cuda (under torchrun, "
+                               "each rank's LOCAL_RANK GPU), cuda:N, or auto (cuda where PyTorch sees a GPU)."),
     threads: int = THREADS,
 ) -> None:
     """Train an MTP head (or a baseline draft model, or a Gemma 4 assistant) on the target's outputs; the target stays frozen."""
     from .models import auto_autocast
+    from .training.devices import resolve_device
 
     args = locals()
     set_threads(threads)
-    # --bf16 left out: the CPU's choice (TrainConfig's default is for callers who know their machine)
-    cfg = config_from(TrainConfig, args, bf16=auto_autocast() if bf16 is None else bf16)
+    dev = resolve_device(device)  # a GPU asked for where there is none: a clear error before anything loads
+    # --bf16 left out: on for a GPU, else the CPU's choice (TrainConfig's default is for callers who know their machine)
+    cfg = config_from(TrainConfig, args, bf16=(dev.type == "cuda" or auto_autocast()) if bf16 is None else bf16)
     hc = config_from(HeadConfig, args, hidden_layers=tuple(parse_list(hidden_layers, int, "--hidden-layers")))
     r = train_on_data(data_dirs, out, cfg, hc, target, teacher_topk=teacher_topk, cache_dtype=cache_dtype, resume=resume,
-                      max_steps=max_steps, init_head=init_head, online=online)
+                      max_steps=max_steps, init_head=init_head, online=online, device=dev)
     if r is not None:  # rank 0 reports for all
         typer.echo(json.dumps(r))
 

@@ -212,7 +212,7 @@ class MTPHead(nn.Module):
             "target": ident.__dict__,
             "recommended_k": self.recommended_k,
         }
-        state = {k: v.detach().float().contiguous() if v.is_floating_point() else v.contiguous()
+        state = {k: (v.detach().float() if v.is_floating_point() else v).contiguous().cpu()
                  for k, v in self.state_dict().items()}
         save_file(state, str(d / WEIGHTS_NAME))
         (d / CONFIG_NAME).write_text(json.dumps(meta, indent=2) + "\n")

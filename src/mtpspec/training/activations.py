@@ -119,13 +119,13 @@ def activations(target: Target, ids: torch.Tensor, prompt_len: int, hidden_layer
     top = step.logits[0].log_softmax(-1).topk(teacher_topk, dim=-1)  # over (T - first, V)
     top_logp = torch.full((T, teacher_topk), NO_TEACHER, dtype=torch.float16)
     top_ids = torch.zeros(T, teacher_topk, dtype=torch.int32)
-    top_logp[first:], top_ids[first:] = top.values.to(torch.float16), top.indices.int()
-    return {
-        "ids": ids.int(),
+    top_logp[first:], top_ids[first:] = top.values.to(torch.float16).cpu(), top.indices.int().cpu()
+    return {  # on the CPU, whatever device the target computes on
+        "ids": ids.int().cpu(),
         "prompt_len": torch.tensor([prompt_len], dtype=torch.int32),
-        "hidden": step.hidden[0].to(torch.bfloat16).contiguous(),
-        "keys": keys[0].to(torch.bfloat16).contiguous(),  # a view of the cache's first T slots
-        "values": values[0].to(torch.bfloat16).contiguous(),
+        "hidden": step.hidden[0].to(torch.bfloat16).contiguous().cpu(),
+        "keys": keys[0].to(torch.bfloat16).contiguous().cpu(),  # a view of the cache's first T slots
+        "values": values[0].to(torch.bfloat16).contiguous().cpu(),
         "top_logp": top_logp,
         "top_ids": top_ids,
     }

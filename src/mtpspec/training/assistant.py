@@ -78,25 +78,25 @@ def new_assistant(target: Target, cfg: TrainConfig) -> nn.Module:
 
 def _additive(visible: torch.Tensor) -> torch.Tensor:
     """(T, S) bool -> (1, 1, T, S) float mask: 0 where visible, the dtype's lowest elsewhere."""
-    return torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min)[None, None]
+    return torch.zeros(visible.shape, device=visible.device).masked_fill(~visible, torch.finfo(torch.float32).min)[None, None]
 
 
 def unroll(assistant: nn.Module, target: Target, ids: torch.Tensor, K: int) -> list[torch.Tensor]:
     """(1, T) one sequence -> K logits (1, T, V): step j at row t, the assistant's j-th draft
     after the committed x_0..x_t with x_{t+1} emitted, its inputs the data's tokens (teacher
     forcing, as a round whose earlier drafts were all accepted sees them)."""
-    T = ids.shape[1]
-    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+    T, dev = ids.shape[1], ids.device
+    with torch.no_grad(), torch.autocast(dev.type, enabled=False):
         cache = target.new_cache()
         hidden = target.forward(ids, cache, hidden_layers=(-1,)).hidden.float()  # (1, T, D)
         kv = {kind: tuple(x.float() for x in cache.layer(i)) for kind, i in store_layers(target.config).items()}
     W = int(assistant.config.get_text_config().sliding_window)
-    t, s = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    t, s = torch.arange(T, device=dev)[:, None], torch.arange(T, device=dev)[None, :]
     masks = {"full_attention": _additive(s <= t), "sliding_attention": _additive((s <= t) & (s >= t - W))}
-    position = torch.arange(1, T + 1)[None]  # (1, T): row t drafts at position t + 1, every step
+    position = torch.arange(1, T + 1, device=dev)[None]  # (1, T): row t drafts at position t + 1, every step
     state, out = hidden, []
     for j in range(K):
-        tok = ids[:, (torch.arange(T) + 1 + j).clamp(max=T - 1)]  # (1, T): x_{t+1+j}; rows past the end are not scored
+        tok = ids[:, (torch.arange(T, device=dev) + 1 + j).clamp(max=T - 1)]  # (1, T): x_{t+1+j}; rows past the end are not scored
         with torch.no_grad():
             e = target.embed_tokens(tok).float()  # (1, T, D): the target's embedding, as drafting feeds it
         x = assistant.pre_projection(torch.cat([e, state.to(e.dtype)], -1))  # (1, T, Da)
@@ -117,6 +117,10 @@ class AssistantObjective:
     def module(self) -> nn.Module:
         return self.assistant
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.assistant.parameters()).device
+
     def _steps(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> list[list[torch.Tensor]]:
         """Per sequence of the batch, its K step logits (1, T_b, V)."""
         m = getattr(model, "module", model)  # under DDP, the wrapped assistant's parts
@@ -126,11 +130,11 @@ class AssistantObjective:
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
         from .train import distill_loss, valid_at
 
-        total, rows = torch.zeros(()), 0
+        total, rows = torch.zeros((), device=self.device), 0
         for b, steps in enumerate(self._steps(model, batch)):
             one = {k: v[b:b + 1] for k, v in batch.items()}
             n = steps[0].shape[1]
-            t = torch.arange(n)[None]  # (1, T_b)
+            t = torch.arange(n, device=self.device)[None]  # (1, T_b)
             for j, lg in enumerate(steps):
                 pos = (t + 1 + j).clamp(max=n - 1)  # the teacher's row for x_{t+2+j}
                 valid = valid_at(one, t + 2 + j)  # (1, T_b)
@@ -145,21 +149,22 @@ class AssistantObjective:
         """Greedy tokens per target forward on held-out samples, as `MTPObjective.acceptance`
         reports them: `accept` (every row a round) and `accept_rounds` (the rounds greedy
         decoding meets, walked from each answer's first token), and pos1..posK."""
-        from .train import _autocast, eval_batches, round_roots, valid_at
+        from .devices import autocast
+        from .train import eval_batches, round_roots, valid_at
 
         K = self.cfg.max_draft_tokens
         leads, tokens, rounds = [], 0, 0
-        for batch in eval_batches(samples, batch_size, self.cfg.micro_batch_tokens):
-            with _autocast(self.cfg.bf16):
+        for batch in eval_batches(samples, batch_size, self.cfg.micro_batch_tokens, self.device):
+            with autocast(self.device, self.cfg.bf16):
                 per_seq = self._steps(self.assistant, batch)
             for b, steps in enumerate(per_seq):
                 one = {k: v[b:b + 1] for k, v in batch.items()}
                 n = steps[0].shape[1]
-                t = torch.arange(n)
+                t = torch.arange(n, device=self.device)
                 hits = torch.stack([lg[0].argmax(-1) == one["ids"][0, (t + 2 + j).clamp(max=n - 1)]
                                     for j, lg in enumerate(steps)], -1).long().cumprod(-1)  # (T_b, K)
                 valid = valid_at(one, (t + 1 + K)[None])[0]  # all K steps have a label
-                leads.append(hits[valid].float())
+                leads.append(hits[valid].float().cpu())
                 acc = hits.sum(-1).tolist()
                 walk = round_roots(acc, valid.tolist(), int(one["prompt_lens"]) - 1)
                 tokens, rounds = tokens + sum(acc[r] + 1 for r in walk), rounds + len(walk)

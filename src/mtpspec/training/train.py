@@ -10,9 +10,10 @@ is distilled against the target's distribution at position t+1+j (top-k log-prob
 small hard-label term. The baseline draft model (a standalone small LM, run by Hugging Face
 assisted generation) is trained on the same data with the same teacher, next-token only.
 
-Runs under `torchrun --nproc_per_node=N` with DistributedDataParallel (gloo on CPU, NCCL on
-GPU): each rank takes a slice of every global batch and the loss is normalised by the global
-row count, so N processes follow the same curve as one.
+Computes on the CPU or a CUDA GPU (`devices`: the data is collated on the CPU and each batch
+moves to the device). Runs under `torchrun --nproc_per_node=N` with DistributedDataParallel
+(gloo on CPU, NCCL on GPU): each rank takes a slice of every global batch and the loss is
+normalised by the global row count, so N processes follow the same curve as one.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from ..models import load_target
 from ..pretrained import load_head, load_head_config
 from .activations import Sample, Samples, build_cache, load_cache, online_samples, token_frequencies
 from .assistant import ASSISTANT_DIR, AssistantObjective, new_assistant
+from .devices import autocast, process_group_backend, resolve_device, to_device
 from .shards import DataRef
 
 CHECKPOINT = "checkpoint.pt"
@@ -100,11 +102,12 @@ def token_chunks(samples: Sequence[Sample], max_tokens: int) -> list[list[Sample
     return groups
 
 
-def eval_batches(samples: Sequence[Sample], batch_size: int, max_tokens: int) -> Iterator[dict[str, torch.Tensor]]:
-    """Collated batches of `batch_size` samples, each cut into token-bounded parts."""
+def eval_batches(samples: Sequence[Sample], batch_size: int, max_tokens: int,
+                 device: torch.device = torch.device("cpu")) -> Iterator[dict[str, torch.Tensor]]:
+    """Collated batches of `batch_size` samples, each cut into token-bounded parts, on `device`."""
     for i in range(0, len(samples), batch_size):
         for part in token_chunks(by_answer_length(samples[i:i + batch_size]), max_tokens):
-            yield collate(part)
+            yield to_device(collate(part), device)
 
 
 def valid_at(batch: dict[str, torch.Tensor], pos: torch.Tensor) -> torch.Tensor:
@@ -115,7 +118,7 @@ def valid_at(batch: dict[str, torch.Tensor], pos: torch.Tensor) -> torch.Tensor:
 def target_rows(batch: dict[str, torch.Tensor], offset: int) -> torch.Tensor:
     """(B, T) bool: rows t whose predicted token x_{t+offset} exists and is a response token."""
     B, T = batch["ids"].shape
-    return valid_at(batch, torch.arange(T).unsqueeze(0) + offset)
+    return valid_at(batch, torch.arange(T, device=batch["ids"].device).unsqueeze(0) + offset)
 
 
 def answer_rows(batch: dict[str, torch.Tensor], before: int) -> torch.Tensor:
@@ -131,7 +134,7 @@ def answer_rows(batch: dict[str, torch.Tensor], before: int) -> torch.Tensor:
     of zero over zero rows instead of an empty grid."""
     first = (batch["prompt_lens"] - before).clamp_min(0).minimum(batch["lengths"] - 1)  # (B,)
     R = int((batch["lengths"] - first).max())
-    return first.unsqueeze(1) + torch.arange(R)
+    return first.unsqueeze(1) + torch.arange(R, device=first.device)
 
 
 def by_answer_length(samples: Sequence[Sample]) -> list[Sample]:
@@ -202,12 +205,17 @@ class MTPObjective:
         self.head, self.cfg = head, cfg
         self.vocab_map: torch.Tensor | None = None
         if head.draft_ids is not None:
-            m = torch.full((head.target.vocab_size,), -1, dtype=torch.long)
-            m[head.draft_ids] = torch.arange(head.draft_ids.numel())
+            dev = head.draft_ids.device
+            m = torch.full((head.target.vocab_size,), -1, dtype=torch.long, device=dev)
+            m[head.draft_ids] = torch.arange(head.draft_ids.numel(), device=dev)
             self.vocab_map = m
 
     def module(self) -> nn.Module:
         return self.head
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.fc.weight.device
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
         dt = torch.float32
@@ -216,7 +224,7 @@ class MTPObjective:
         vocab = self.batch_vocab(batch, rows)
         logits = vocab.mask(model(batch["hidden"].to(dt), batch["ids"], batch["keys"].to(dt), batch["values"].to(dt),
                                   K, rows, vocab.extra_rows))
-        total, rows_n = torch.zeros(()), 0
+        total, rows_n = torch.zeros((), device=rows.device), 0
         ids = batch["ids"]
         D = self.head.target.hidden_size
         use_feat = self.cfg.feature_weight > 0 and self.head.config.hidden_layers[-1] == -1
@@ -244,7 +252,7 @@ class MTPObjective:
             return BatchVocab(self.head.draft_ids, self.vocab_map)
         ids, lengths = batch["ids"], batch["lengths"]
         B, T = ids.shape
-        pos = torch.arange(T)
+        pos = torch.arange(T, device=ids.device)
         real = pos.unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
         all_ids, w = self.head.round_vocab(ids[real])  # drafting's own rule: the draft vocabulary, then the rest
         if w is None:
@@ -255,7 +263,7 @@ class MTPObjective:
         first = torch.where(hit, pos.view(1, T, 1), T).amin(1)  # (B, E): first position, T if absent
         available = first.unsqueeze(1) <= rows.unsqueeze(-1) + 1  # (B, R, E): rows (B, R) are root positions t
         m = self.vocab_map.clone()
-        m[extra] = torch.arange(V, V + extra.numel())
+        m[extra] = torch.arange(V, V + extra.numel(), device=m.device)
         return BatchVocab(all_ids, m, w, available)
 
     def _leading_hits(self, logits: list[tuple[torch.Tensor, torch.Tensor]], ids: torch.Tensor,
@@ -280,7 +288,7 @@ class MTPObjective:
         ids = batch["ids"]
         accepted = self._leading_hits(logits, ids, rows, vocab_ids).sum(-1).tolist()  # (B, R)
         valid = valid_at(batch, rows + 2).tolist()  # rows whose first draft has a label
-        w = torch.ones(rows.shape)
+        w = torch.ones(rows.shape, device=rows.device)
         for i, (pl, first) in enumerate(zip(batch["prompt_lens"].tolist(), rows[:, 0].tolist())):
             roots = round_roots(accepted[i], valid[i], pl - 1 - first)  # the first answer token roots the first
             w[i, roots] += self.cfg.round_weight
@@ -298,7 +306,7 @@ class MTPObjective:
         K = self.cfg.max_draft_tokens
         runs, walks = [torch.zeros(0, K)], []
         for run, w in self.round_walks(samples, batch_size):
-            runs.append(run.float())
+            runs.append(run.float().cpu())
             walks += w
         r = torch.cat(runs)  # (N, K)
         tokens, rounds = sum(a + 1 for w in walks for a in w), sum(len(w) for w in walks)
@@ -311,10 +319,10 @@ class MTPObjective:
         label, and per sequence (in the part's order: `by_answer_length`) the drafts accepted by
         each round of its greedy walk, first round first."""
         K = self.cfg.max_draft_tokens
-        for b in eval_batches(samples, batch_size, self.cfg.micro_batch_tokens):
+        for b in eval_batches(samples, batch_size, self.cfg.micro_batch_tokens, self.device):
             rows = answer_rows(b, 1 + K)  # (B, R): the first row whose last draft predicts an answer token
             vocab = self.batch_vocab(b, rows)
-            with _autocast(self.cfg.bf16):
+            with autocast(self.device, self.cfg.bf16):
                 logits = vocab.mask(self.head(b["hidden"].float(), b["ids"], b["keys"].float(), b["values"].float(), K,
                                               rows, vocab.extra_rows))
             valid = valid_at(b, rows + 1 + K)  # all K steps have a label
@@ -357,9 +365,13 @@ class DraftModelObjective:
     def module(self) -> nn.Module:
         return self.model
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
         ids = batch["ids"]
-        mask = (torch.arange(ids.shape[1]).unsqueeze(0) < batch["lengths"].unsqueeze(1)).long()
+        mask = (torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) < batch["lengths"].unsqueeze(1)).long()
         valid = target_rows(batch, 1)  # (B, T)
         # the LM head only from the first column with a loss row on (B, T - start, V): a
         # full-vocabulary row is most of a step's cost, and prompts are most of the rows
@@ -373,9 +385,9 @@ class DraftModelObjective:
     def acceptance(self, samples: Sequence[Sample], batch_size: int) -> dict[str, float]:
         """Greedy next-token agreement with the data (the draft model's step-1 rate)."""
         hit = tot = 0
-        for b in eval_batches(samples, batch_size, self.cfg.micro_batch_tokens):
-            mask = (torch.arange(b["ids"].shape[1]).unsqueeze(0) < b["lengths"].unsqueeze(1)).long()
-            with _autocast(self.cfg.bf16):
+        for b in eval_batches(samples, batch_size, self.cfg.micro_batch_tokens, self.device):
+            mask = (torch.arange(b["ids"].shape[1], device=self.device).unsqueeze(0) < b["lengths"].unsqueeze(1)).long()
+            with autocast(self.device, self.cfg.bf16):
                 pred = self.model(input_ids=b["ids"], attention_mask=mask).logits.argmax(-1)
             valid = target_rows(b, 1)
             hit += int((pred == F.pad(b["ids"][:, 1:], (0, 1)))[valid].sum())
@@ -455,12 +467,6 @@ def dense_weight_of(module: nn.Module) -> torch.Tensor:
 
 
 # -- the loop ---------------------------------------------------------------------------------
-def _autocast(enabled: bool) -> Any:
-    # the trainer computes on the CPU (its tensors never move to a GPU), so its autocast is the
-    # CPU's even where CUDA is available: a CUDA autocast would leave every CPU op in fp32
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled)
-
-
 def _lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
     """The learning rate's multiplier at each step: linear warm-up over `warmup` steps, then
     cosine from 1 to 0.1 by step `total`."""
@@ -508,8 +514,9 @@ def epoch_batches(n: int, cfg: TrainConfig, epoch: int) -> list[list[int]]:
     return [order[i:i + cfg.batch_size] for i in range(0, n - cfg.batch_size + 1, cfg.batch_size)] or [order]
 
 
-def init_distributed() -> tuple[int, int]:
-    """(rank, world size); joins the process group when launched by torchrun.
+def init_distributed(device: torch.device = torch.device("cpu")) -> tuple[int, int]:
+    """(rank, world size); joins the process group when launched by torchrun (NCCL for ranks
+    on GPUs, gloo on the CPU).
 
     The group is left again at interpreter exit: a gloo group still alive when Python shuts
     down can abort the process ("terminate called without an active exception", SIGABRT)
@@ -518,7 +525,7 @@ def init_distributed() -> tuple[int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo")  # CPU tensors: NCCL would refuse them where CUDA is available
+        dist.init_process_group(process_group_backend(device))  # NCCL refuses CPU tensors, CUDA present or not
         atexit.register(_leave_process_group)
     return rank, world
 
@@ -530,7 +537,8 @@ def _leave_process_group() -> None:
 
 def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Samples], out_dir: str | Path, cfg: TrainConfig,
           head_config: HeadConfig | None = None, resume: bool = False, max_steps: int | None = None,
-          progress: bool = True, init_head: str | Path | None = None) -> dict[str, Any]:
+          progress: bool = True, init_head: str | Path | None = None,
+          device: str | torch.device | None = None) -> dict[str, Any]:
     """Train an MTP head, a draft model or a Gemma 4 assistant (`cfg.kind`); writes checkpoints,
     metrics.jsonl and the result (out_dir/head, out_dir/draft_model or out_dir/assistant) into out_dir.
 
@@ -539,9 +547,14 @@ def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Sa
     kill would) - for tests and time-boxed runs. `init_head`: a saved head to continue from (its config and draft
     vocabulary are kept; `head_config` is then ignored), e.g. to go on training on more data.
     The head records `cfg.max_draft_tokens` as its `trained_draft_tokens`.
+    `device`: where to compute (None: where the target is; it must be there already).
     """
     out = Path(out_dir)
-    rank, world = init_distributed()
+    dev = target.device if device is None else resolve_device(device)
+    if dev != target.device:
+        raise InputError(f"train(device={str(dev)!r}) got a target on {target.device}: build the Target from a model "
+                         f"moved there first (Target(model.to({str(dev)!r}))).")
+    rank, world = init_distributed(dev)
     main = rank == 0
     if main:
         out.mkdir(parents=True, exist_ok=True)
@@ -571,11 +584,13 @@ def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Sa
     elif init_head is not None:
         raise InputError(f"init_head continues an MTP head; it does not apply to kind {cfg.kind!r}.")
     elif cfg.kind == "gemma4-assistant":
-        obj = AssistantObjective(new_assistant(target, cfg), target, cfg)
+        obj = AssistantObjective(new_assistant(target, cfg).to(dev), target, cfg)
     else:
-        obj = DraftModelObjective(draft_model(target, cfg), cfg)
-    module = obj.module()
-    model: nn.Module = nn.parallel.DistributedDataParallel(module) if world > 1 else module
+        obj = DraftModelObjective(draft_model(target, cfg).to(dev), cfg)
+    module = obj.module()  # on dev: the head is made where its target is
+    model: nn.Module = module
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(module, device_ids=[dev.index] if dev.type == "cuda" else None)
     opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
     steps_per_epoch = len(epoch_batches(len(train_set), cfg, 0))
@@ -611,15 +626,15 @@ def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Sa
         # step is that of one batch in one process whatever the parts and ranks.
         opt.zero_grad(set_to_none=True)
         parts = token_chunks(by_answer_length([train_set[i] for i in mine]), cfg.micro_batch_tokens)
-        loss_sum, rows = torch.zeros(()), 0
+        loss_sum, rows = torch.zeros((), device=dev), 0
         for n, part in enumerate(parts):
             sync = world == 1 or n == len(parts) - 1
             with contextlib.nullcontext() if sync else model.no_sync():  # type: ignore[operator]
-                with _autocast(cfg.bf16):
-                    part_sum, part_rows = obj.loss(model, collate(part))
+                with autocast(dev, cfg.bf16):
+                    part_sum, part_rows = obj.loss(model, to_device(collate(part), dev))
                 part_sum.backward()
             loss_sum, rows = loss_sum + part_sum.detach(), rows + part_rows
-        global_rows = torch.tensor(float(rows))
+        global_rows = torch.tensor(float(rows), device=dev)
         if world > 1:
             dist.all_reduce(global_rows)
         scale = world / float(global_rows.clamp_min(1))  # DDP averages gradients over ranks
@@ -630,7 +645,7 @@ def train(target: Target, cache_dir: str | Path | Samples | list[str | Path | Sa
         opt.step()
         sched.step()
         step += 1
-        logged = torch.tensor([float(loss_sum.detach())])
+        logged = torch.tensor([float(loss_sum.detach())], device=dev)
         if world > 1:
             dist.all_reduce(logged)
         rec: dict[str, Any] = {"step": step, "epoch": epoch, "loss": float(logged) / float(global_rows.clamp_min(1)),
@@ -685,7 +700,8 @@ def _save_final(module: nn.Module, out: Path) -> None:
 def train_on_data(data_dirs: Sequence[str | Path | DataRef], out_dir: str | Path, cfg: TrainConfig,
                   head_config: HeadConfig | None = None, target_name: str | None = None, teacher_topk: int = 32,
                   cache_dtype: str = "auto", resume: bool = False, max_steps: int | None = None,
-                  init_head: str | Path | None = None, progress: bool = True, online: bool = False) -> dict[str, Any] | None:
+                  init_head: str | Path | None = None, progress: bool = True, online: bool = False,
+                  device: str | torch.device = "cpu") -> dict[str, Any] | None:
     """`mtpspec train` end to end: cache the target's activations on each data set, then `train`.
 
     data_dirs: data directories, or `DataRef`s / `DIR:N` strings for the first N shards of one.
@@ -701,8 +717,15 @@ def train_on_data(data_dirs: Sequence[str | Path | DataRef], out_dir: str | Path
     same steps, for one target forward per sample per epoch. For data whose cache would not fit
     the disk (~2 KB per token).
 
+    device: where the target and the head compute (`devices.resolve_device`: cpu, cuda, cuda:N,
+    auto); under torchrun with cuda each rank takes the GPU of its LOCAL_RANK. On a GPU,
+    cache_dtype auto is bf16.
+
     Returns `train`'s result on rank 0 and None on the others, so that one process reports.
     """
+    dev = resolve_device(device)  # a GPU asked for where there is none fails here, before any data is read
+    if cache_dtype == "auto" and dev.type == "cuda":
+        cache_dtype = "bf16"
     if not data_dirs:
         raise InputError("Give at least one data directory (written by `mtpspec data`).")
     refs = [DataRef.parse(d) for d in data_dirs]
@@ -710,16 +733,16 @@ def train_on_data(data_dirs: Sequence[str | Path | DataRef], out_dir: str | Path
     out = Path(out_dir)
     # continuing a saved head: its architecture decides what the activation cache holds
     hc = load_head_config(init_head) if init_head is not None else (head_config or HeadConfig())
-    rank, world = init_distributed()
+    rank, world = init_distributed(dev)
     caches: list[str | Path | Samples]
     if online:
-        cache_target = Target(load_target(target_name, cache_dtype).model)  # kept: it computes each sample when read
+        cache_target = Target(load_target(target_name, cache_dtype).model.to(dev))  # kept: it computes each sample when read
         check_draft_model_init(cache_target.config, cfg)
         caches = [online_samples(cache_target, r, hc.hidden_layers, hc.kv_layer, teacher_topk) for r in refs]
     else:
         cache_dirs = [out / ("activations" if i == 0 else f"activations-{i}") for i in range(len(data_dirs))]
         if rank == 0:
-            cache_target = Target(load_target(target_name, cache_dtype).model)
+            cache_target = Target(load_target(target_name, cache_dtype).model.to(dev))
             check_draft_model_init(cache_target.config, cfg)
             for ref, cache_dir in zip(refs, cache_dirs):
                 build_cache(cache_target, ref, cache_dir, hc.hidden_layers, hc.kv_layer, teacher_topk, progress=progress)
@@ -727,7 +750,7 @@ def train_on_data(data_dirs: Sequence[str | Path | DataRef], out_dir: str | Path
         if world > 1:
             dist.barrier()
         caches = [load_cache(d, n) for d, n in zip(cache_dirs, sizes)]
-    target = Target(load_target(target_name, "fp32").model)
+    target = Target(load_target(target_name, "fp32").model.to(dev))
     result = train(target, caches, out, cfg, hc, resume=resume, max_steps=max_steps, progress=progress,
-                   init_head=init_head)
+                   init_head=init_head, device=dev)
     return result if rank == 0 else None
