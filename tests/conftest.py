@@ -323,3 +323,17 @@ def assert_tree_rows_equal_their_paths(target) -> None:
         target.forward(ids, cp)
         out = target.forward(toks[:, layout.mask[r].nonzero()[:, 0]], cp)
         assert torch.equal(out.logits[0, -1], tree.logits[0, r]), r
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A tiny Llama target, a data set it wrote (data/) and its activation cache (act/), once per
+    test module: (model, root)."""
+    from mtpspec import Target
+    from mtpspec.training.activations import build_cache
+
+    root = tmp_path_factory.mktemp("run")
+    model = tiny_model("llama")
+    write_tiny_data(model, root / "data")
+    build_cache(Target(model), root / "data", root / "act", (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
+    return model, root

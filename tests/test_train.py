@@ -28,15 +28,6 @@ FAST = dict(batch_size=8, lr=3e-3, warmup_steps=2, eval_every=1000, save_every=1
             min_steps=0, warmup_fraction=1.0)
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("run")
-    model = tiny_model("llama")
-    write_tiny_data(model, root / "data")
-    build_cache(Target(model), root / "data", root / "act", (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
-    return model, root
-
-
 def _metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
@@ -490,7 +481,7 @@ def test_a_slice_of_a_set_is_its_shards_a_to_b_and_caches_apart(tiny_run, tmp_pa
 def test_training_computes_on_the_cpu_even_where_cuda_is_available(monkeypatch):
     """By default the trainer computes on the CPU, so its autocast and its process group must be
     the CPU's on a machine with CUDA too (a CUDA autocast leaves CPU ops in fp32; NCCL refuses
-    CPU tensors); a GPU is only used when asked for (`--device`)."""
+    CPU tensors); a GPU is only used when asked for (`--device`), and then its ranks talk over NCCL."""
     import torch.distributed as dist
 
     from mtpspec import models
@@ -508,6 +499,8 @@ def test_training_computes_on_the_cpu_even_where_cuda_is_available(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     assert train_mod.init_distributed() == (1, 2)
     assert backends == ["gloo"]
+    train_mod.init_distributed(torch.device("cuda", 0))  # a GPU asked for (`--device cuda`): NCCL
+    assert backends == ["gloo", "nccl"]
 
 
 def test_a_run_scores_its_held_out_samples_once_at_its_last_step(tiny_run, tmp_path, monkeypatch):

@@ -19,7 +19,6 @@ from mtpspec.cli import app
 from mtpspec.config import TrainConfig
 from mtpspec.core.draft import DraftInput
 from mtpspec.errors import InputError
-from mtpspec.training import train as train_mod
 from mtpspec.training.activations import build_cache, load_cache
 from mtpspec.training.devices import autocast, process_group_backend, resolve_device, to_device
 from mtpspec.training.train import train, train_on_data
@@ -60,22 +59,13 @@ def test_a_device_that_is_not_there_is_a_clear_error(monkeypatch, name, gpus, me
 
 
 @pytest.mark.filterwarnings("ignore:CUDA is not available")  # a CUDA autocast made, not entered, on a CPU machine
-def test_batches_autocast_and_process_group_follow_the_device(monkeypatch):
+def test_batches_autocast_and_process_group_follow_the_device():
     b = {"ids": torch.zeros(2, 3, dtype=torch.long)}
     assert to_device(b, torch.device("cpu")) is b
     assert autocast(torch.device("cpu"), True).device == "cpu"
     assert autocast(torch.device("cuda", 0), True).device == "cuda"
     assert (process_group_backend(torch.device("cpu")), process_group_backend(torch.device("cuda", 1))) == ("gloo", "nccl")
-    import torch.distributed as dist
-
-    backends = []
-    monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: backends.append(backend))
-    monkeypatch.setattr(train_mod.atexit, "register", lambda fn: None)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "0")
-    train_mod.init_distributed(torch.device("cuda", 0))
-    assert backends == ["nccl"]
+    # init_distributed's choice by device: tests/test_train.py::test_training_computes_on_the_cpu_even_where_cuda_is_available
 
 
 def test_train_refuses_a_device_its_target_is_not_on(monkeypatch, tmp_path):
@@ -96,18 +86,9 @@ def test_the_cli_refuses_a_missing_gpu_before_reading_anything(tmp_path, monkeyp
 
 
 # -- on a GPU -----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpu")
-    model = tiny_model("llama")
-    write_tiny_data(model, root / "data")
-    build_cache(Target(model), root / "data", root / "act", (-1,), -1, teacher_topk=8, per_shard=10, progress=False)
-    return model, root
-
-
 @cuda
-def test_the_cache_computed_on_a_gpu_holds_what_the_cpu_computes(tiny_data, tmp_path):
-    model, root = tiny_data
+def test_the_cache_computed_on_a_gpu_holds_what_the_cpu_computes(tiny_run, tmp_path):
+    model, root = tiny_run
     build_cache(Target(deepcopy(model).to("cuda")), root / "data", tmp_path / "act", (-1,), -1, teacher_topk=8,
                 per_shard=10, progress=False)
     for a, b in zip(load_cache(root / "act"), load_cache(tmp_path / "act")):
@@ -118,10 +99,10 @@ def test_the_cache_computed_on_a_gpu_holds_what_the_cpu_computes(tiny_data, tmp_
 
 
 @cuda
-def test_a_gpu_run_takes_the_steps_a_cpu_run_takes(tiny_data, tmp_path):
+def test_a_gpu_run_takes_the_steps_a_cpu_run_takes(tiny_run, tmp_path):
     """One epoch from the same cache and seed on each device: the same losses to fp32 rounding,
     and the head saved from the GPU loads beside the CPU target and drafts there."""
-    model, root = tiny_data
+    model, root = tiny_run
     cfg = TrainConfig(epochs=1, **FAST)
     cpu = train(Target(model), root / "act", tmp_path / "cpu", cfg, progress=False)
     gpu_target = Target(deepcopy(model).to("cuda"))
