@@ -710,6 +710,42 @@ def test_online_activations_equal_the_cache_and_train_the_same_head(tiny_run, tm
     assert not list((tmp_path / "online").glob("act*"))
 
 
+def _interrupted_cache(model, root, d, shards: int):
+    """A cache of the tiny set left as a build stopped after `shards` shards of 7 samples leaves it
+    (its later shard files gone, so reading one would fail)."""
+    m = build_cache(Target(model), root / "data", d, (-1,), -1, teacher_topk=8, per_shard=7, progress=False)
+    for s in range(shards, m["total_shards"]):
+        (d / f"act_{s:05d}.safetensors").unlink()
+    (d / "activations.json").write_text(json.dumps({**m, "num_shards": shards}))
+    return d
+
+
+def test_online_reads_the_samples_a_cache_holds_and_computes_only_the_rest(tiny_run, tmp_path):
+    """`--online` over a set that a smaller run cached in part (another shard size, interrupted):
+    the first samples come from that cache's shards, the rest from the target, and every sample
+    and the trained head equal a run on the whole cache. A cache made for other settings is not read."""
+    from mtpspec.training.activations import OnlineSource, Shard, online_samples
+
+    model, root = tiny_run
+    part = _interrupted_cache(model, root, tmp_path / "part", shards=2)
+    other = build_cache(Target(model), root / "data", tmp_path / "other", (-1,), -1, teacher_topk=4, progress=False)
+    assert other["num_shards"] == other["total_shards"]  # whole, but its teacher keeps 4 log-probs, not 8
+    cached = load_cache(root / "act")
+    mixed = online_samples(Target(model), root / "data", (-1,), -1, teacher_topk=8, caches=[tmp_path / "other", part])
+    assert [type(src) for src, _ in mixed.refs] == [Shard] * 14 + [OnlineSource] * (len(cached) - 14)
+    for i in (0, 13, 14, len(cached) - 1):
+        a, b = cached[i], mixed[i]
+        assert all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("ids", "hidden", "keys", "values", "top_logp",
+                                                                       "top_ids")), i
+    alone = online_samples(Target(model), root / "data", (-1,), -1, teacher_topk=8, caches=[tmp_path / "other"])
+    assert {type(src) for src, _ in alone.refs} == {OnlineSource}
+    cfg = TrainConfig(epochs=1, **FAST)
+    train(Target(model), root / "act", tmp_path / "cached", cfg, progress=False, max_steps=3)
+    train(Target(model), mixed, tmp_path / "mixed", cfg, progress=False, max_steps=3)
+    a, b = (torch.load(tmp_path / d / "checkpoint.pt", weights_only=False)["model"] for d in ("cached", "mixed"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_cache_keeps_the_teacher_only_where_a_loss_reads_it(tiny_run, dtype):
     """The teacher's log-probs are stored from row prompt_len - 1 on (the law of the first answer
@@ -757,6 +793,34 @@ def test_mtpspec_train_online_writes_no_activation_cache(tmp_path):
     assert r.exit_code == 0, r.output
     assert (tmp_path / "run" / "head" / "mtp_head.safetensors").is_file()
     assert not list((tmp_path / "run").glob("activations*"))
+
+
+def test_mtpspec_train_online_continues_from_another_runs_cache(tmp_path):
+    """`mtpspec train --online --cache-from RUN`: the samples RUN's cache holds are read from it
+    (the run says how many) and nothing is cached in --out; a wrong --cache-from is refused
+    before any model loads."""
+    from conftest import save_tiny_model_dir
+    from typer.testing import CliRunner
+
+    from mtpspec.cli import app
+
+    model, _ = save_tiny_model_dir(tmp_path / "model")
+    write_tiny_data(model, tmp_path / "data", n=12, new=20)
+    _interrupted_cache(model, tmp_path, tmp_path / "small" / "activations", shards=1)
+    base = ["train", "--target", str(tmp_path / "model"), "--data", str(tmp_path / "data"), "--min-steps", "2",
+            "--batch-size", "4", "--no-bf16", "--threads", "1", "--cache-dtype", "fp32", "--hidden-layers", "-1",
+            "--kv-layer", "-1", "--teacher-topk", "8"]
+    r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "run"), "--online", "--cache-from", str(tmp_path / "small")])
+    assert r.exit_code == 0, r.output
+    assert "7 of 12 samples' activations read from its cache" in r.output
+    assert (tmp_path / "run" / "head" / "mtp_head.safetensors").is_file()
+    assert not list((tmp_path / "run").glob("activations*"))
+    for extra, why in ([["--cache-from", str(tmp_path / "small")], "add --online"],
+                       [["--online", "--cache-from", str(tmp_path / "nowhere")], "no such folder"],
+                       [["--online", "--cache-from", str(tmp_path / "data")], "holds no activation caches"]):
+        r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "bad"), *extra])
+        assert r.exit_code == 2 and why in r.output and "Traceback" not in r.output, r.output
+        assert not (tmp_path / "bad").exists()
 
 
 # -- the draft-model baseline (issue 47) ----------------------------------------------------------

@@ -360,7 +360,11 @@ def train(
     max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps (time-boxing)."),
     online: bool = typer.Option(False, "--online", help="No activation cache on disk (~2 KB per token): the target "
                                 "computes each sample's activations when training reads it, the same values, one "
-                                "forward per sample per epoch."),
+                                "forward per sample per epoch. What a set already has cached in --out (or "
+                                "--cache-from) is read from there; only the rest is computed."),
+    cache_from: Path = typer.Option(None, "--cache-from", help="With --online: a run folder whose activation caches "
+                                    "(activations*/, for the same target and head settings) hold some of the data "
+                                    "already; those samples are read from it instead of computed again."),
     device: str = typer.Option("cpu", "--device", help="Where the target and the head compute: cpu, cuda (under torchrun, "
                                "each rank's LOCAL_RANK GPU), cuda:N, or auto (cuda where PyTorch sees a GPU)."),
     threads: int = THREADS,
@@ -376,7 +380,8 @@ def train(
     cfg = config_from(TrainConfig, args, bf16=(dev.type == "cuda" or auto_autocast()) if bf16 is None else bf16)
     hc = config_from(HeadConfig, args, hidden_layers=tuple(parse_list(hidden_layers, int, "--hidden-layers")))
     r = train_on_data(data_dirs, out, cfg, hc, target, teacher_topk=teacher_topk, cache_dtype=cache_dtype, resume=resume,
-                      max_steps=max_steps, init_head=init_head, online=online, device=dev)
+                      max_steps=max_steps, init_head=init_head, online=online, device=dev,
+                      cache_from=cache_from)
     if r is not None:  # rank 0 reports for all
         typer.echo(json.dumps(r))
 

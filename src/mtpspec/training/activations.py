@@ -61,18 +61,7 @@ def build_cache(target: Target, data: str | Path | DataRef, cache_dir: str | Pat
     out = Path(cache_dir)
     out.mkdir(parents=True, exist_ok=True)
     kv = target.layer_index(kv_layer)
-    settings = {
-        "target": asdict(target.identity()),
-        "data": read_manifest(ref.path)["settings"],
-        "hidden_layers": list(hidden_layers),
-        "kv_layer": kv,
-        "teacher_topk": teacher_topk,
-        "max_len": max_len,
-        "per_shard": per_shard,
-        "dtype": str(target.dtype).removeprefix("torch."),
-    }
-    if ref.first:  # a slice `DIR:A-B`: its samples start at shard A, not at the set's first
-        settings["first_shard"] = ref.first
+    settings = cache_settings(target, ref, hidden_layers, kv_layer, teacher_topk, max_len, per_shard)
     n_shards = (len(samples) + per_shard - 1) // per_shard
     mpath = out / MANIFEST
     done = 0
@@ -99,6 +88,25 @@ def build_cache(target: Target, data: str | Path | DataRef, cache_dir: str | Pat
         bar.update(1)
     bar.close()
     return json.loads(mpath.read_text())
+
+
+def cache_settings(target: Target, ref: DataRef, hidden_layers: tuple[int, ...], kv_layer: int, teacher_topk: int,
+                   max_len: int, per_shard: int) -> dict[str, Any]:
+    """What a cache's manifest records it was computed for: two caches with the same settings hold
+    the same tensors for the same samples."""
+    settings = {
+        "target": asdict(target.identity()),
+        "data": read_manifest(ref.path)["settings"],
+        "hidden_layers": list(hidden_layers),
+        "kv_layer": target.layer_index(kv_layer),
+        "teacher_topk": teacher_topk,
+        "max_len": max_len,
+        "per_shard": per_shard,
+        "dtype": str(target.dtype).removeprefix("torch."),
+    }
+    if ref.first:  # a slice `DIR:A-B`: its samples start at shard A, not at the set's first
+        settings["first_shard"] = ref.first
+    return settings
 
 
 @torch.no_grad()
@@ -251,13 +259,38 @@ def load_cache(cache_dir: str | Path, limit: int | None = None) -> Samples:
 
 
 def online_samples(target: Target, data: str | Path | DataRef, hidden_layers: tuple[int, ...], kv_layer: int,
-                   teacher_topk: int = 32, max_len: int = 768) -> Samples:
+                   teacher_topk: int = 32, max_len: int = 768, caches: Sequence[Path] = ()) -> Samples:
     """A data set (a directory or its first N shards) as a `Samples` view whose activations the
     target computes when a sample is read, bit for bit what `build_cache` would store for it
-    (the same target and dtype): training without an activation cache on disk."""
+    (the same target and dtype): training without an activation cache on disk.
+
+    caches: activation directories that may already hold some of them (`find_cache`): the set's
+    first samples that one of them holds are read from its shards, the same tensors, and only
+    the rest is computed (a run too big for the disk continues from the cache of a smaller one)."""
     ref = DataRef.parse(data)
     source = OnlineSource(target, ref.samples(), hidden_layers, kv_layer, teacher_topk, max_len)
-    return Samples([(source, i) for i in range(len(source.samples))])
+    n = len(source.samples)
+    found = find_cache(target, ref, caches, hidden_layers, kv_layer, teacher_topk, max_len)
+    cached = min(_covered(found[1]), n) if found else 0
+    head = load_cache(found[0], cached) if cached else Samples([])
+    return head + Samples([(source, i) for i in range(cached, n)])
+
+
+def find_cache(target: Target, ref: DataRef, caches: Sequence[Path], hidden_layers: tuple[int, ...], kv_layer: int,
+               teacher_topk: int, max_len: int) -> tuple[Path, dict[str, Any]] | None:
+    """The directory among `caches` (and its manifest) whose activations were computed for this
+    target, data set and head settings (any shard size), the one holding the most samples; None
+    if none was. Unreadable or damaged manifests are skipped: nothing is read from them."""
+    want = cache_settings(target, ref, hidden_layers, kv_layer, teacher_topk, max_len, per_shard=0)
+    best: tuple[Path, dict[str, Any]] | None = None
+    for d in caches:
+        try:
+            m = _read_manifest(Path(d))
+        except (DataError, OSError):
+            continue
+        if {**m["settings"], "per_shard": 0} == want and (best is None or _covered(m) > _covered(best[1])):
+            best = (Path(d), m)
+    return best
 
 
 def token_frequencies(samples: Samples, vocab_size: int) -> torch.Tensor:

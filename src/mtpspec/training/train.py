@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import random
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -42,7 +43,7 @@ from ..core.target import Target
 from ..errors import DataError, InputError
 from ..models import load_target
 from ..pretrained import load_head, load_head_config
-from .activations import Sample, Samples, build_cache, load_cache, online_samples, token_frequencies
+from .activations import MANIFEST, Sample, Samples, Shard, build_cache, load_cache, online_samples, token_frequencies
 from .assistant import ASSISTANT_DIR, AssistantObjective, new_assistant
 from .devices import autocast, process_group_backend, resolve_device, to_device
 from .shards import DataRef
@@ -697,11 +698,28 @@ def _save_final(module: nn.Module, out: Path) -> None:
         module.save_pretrained(out / DRAFT_MODEL_DIR)  # type: ignore[operator]
 
 
+def _cache_dirs(where: Path, given: bool, online: bool) -> list[Path]:
+    """The activation directories in run folder `where` that an online run may read from (none
+    for a cached run, which builds its own in --out). A folder named with --cache-from must hold
+    some: a wrong path fails before any model loads."""
+    if given and not online:
+        raise InputError("--cache-from reads another run's caches in an --online run; add --online, or leave "
+                         "--cache-from out to cache into --out.")
+    if not online:
+        return []
+    if given and not where.is_dir():
+        raise InputError(f"--cache-from {where}: no such folder (give a run folder that holds activations*/).")
+    dirs = sorted(d for d in where.glob("activations*") if (d / MANIFEST).is_file()) if where.is_dir() else []
+    if given and not dirs:
+        raise InputError(f"--cache-from {where} holds no activation caches (activations*/{MANIFEST}).")
+    return dirs
+
+
 def train_on_data(data_dirs: Sequence[str | Path | DataRef], out_dir: str | Path, cfg: TrainConfig,
                   head_config: HeadConfig | None = None, target_name: str | None = None, teacher_topk: int = 32,
                   cache_dtype: str = "auto", resume: bool = False, max_steps: int | None = None,
                   init_head: str | Path | None = None, progress: bool = True, online: bool = False,
-                  device: str | torch.device = "cpu") -> dict[str, Any] | None:
+                  device: str | torch.device = "cpu", cache_from: str | Path | None = None) -> dict[str, Any] | None:
     """`mtpspec train` end to end: cache the target's activations on each data set, then `train`.
 
     data_dirs: data directories, or `DataRef`s / `DIR:N` strings for the first N shards of one.
@@ -715,7 +733,10 @@ def train_on_data(data_dirs: Sequence[str | Path | DataRef], out_dir: str | Path
     online: no activation cache on disk; each rank's target (in `cache_dtype`) computes a sample's
     activations when training reads it (`activations.online_samples`): the same values, so the
     same steps, for one target forward per sample per epoch. For data whose cache would not fit
-    the disk (~2 KB per token).
+    the disk (~2 KB per token). Whatever a set already has cached (`out_dir/activations*`, or
+    `cache_from`'s: a run folder whose caches were computed for the same target and settings) is
+    read from there, the same values, and only the rest is computed: a run on data too big for the
+    disk continues from the cache of a smaller run at the cost of its new samples only.
 
     device: where the target and the head compute (`devices.resolve_device`: cpu, cuda, cuda:N,
     auto); under torchrun with cuda each rank takes the GPU of its LOCAL_RANK. On a GPU,
@@ -731,6 +752,7 @@ def train_on_data(data_dirs: Sequence[str | Path | DataRef], out_dir: str | Path
     refs = [DataRef.parse(d) for d in data_dirs]
     sizes = [len(r.samples()) for r in refs]  # reads the token shards: a bad path or N fails here, in seconds
     out = Path(out_dir)
+    found = _cache_dirs(out if cache_from is None else Path(cache_from), given=cache_from is not None, online=online)
     # continuing a saved head: its architecture decides what the activation cache holds
     hc = load_head_config(init_head) if init_head is not None else (head_config or HeadConfig())
     rank, world = init_distributed(dev)
@@ -738,7 +760,12 @@ def train_on_data(data_dirs: Sequence[str | Path | DataRef], out_dir: str | Path
     if online:
         cache_target = Target(load_target(target_name, cache_dtype).model.to(dev))  # kept: it computes each sample when read
         check_draft_model_init(cache_target.config, cfg)
-        caches = [online_samples(cache_target, r, hc.hidden_layers, hc.kv_layer, teacher_topk) for r in refs]
+        caches = [online_samples(cache_target, r, hc.hidden_layers, hc.kv_layer, teacher_topk, caches=found)
+                  for r in refs]
+        for r, c in zip(refs, caches):
+            if progress and (n := sum(isinstance(src, Shard) for src, _ in c.refs)):
+                tqdm.write(f"{r}: {n} of {len(c)} samples' activations read from its cache, the rest computed when read",
+                           file=sys.stderr)
     else:
         cache_dirs = [out / ("activations" if i == 0 else f"activations-{i}") for i in range(len(data_dirs))]
         if rank == 0:
