@@ -9,6 +9,8 @@
 # $R/checkpoint.pt (40 MB) has to survive between sessions, at the same total cost for one epoch
 # (held-out acceptance then only at the end: online, each evaluation runs the target again). Seen
 # online on 2026-12-07: 25-30 s a step beside a data writer on the same 2 cores (not timed alone).
+# ONLINE=1 after a cached start reads the samples $R/activations* already hold and computes only the rest
+# (`--online` reads what a cache holds, 6e1eba1).
 # Usage: [ONLINE=1] [THREADS=2] [R=runs/all10-e1] bash reports/training/data-curve/run-10m.sh
 set -e
 T=${THREADS:-2}; R=${R:-runs/all10-e1}; O=${O:-reports/training/data-curve/run-10m}
