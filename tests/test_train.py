@@ -720,6 +720,25 @@ def _interrupted_cache(model, root, d, shards: int):
     return d
 
 
+def test_one_progress_bar_counts_every_sets_shards_and_rates_only_those_computed(tiny_run, tmp_path):
+    """`train_on_data` caches its sets under one bar: each set adds its shards, those found cached
+    as the bar's starting count (tqdm's `initial`, which its rate and remaining time leave out)."""
+    import io
+
+    from tqdm import tqdm
+
+    model, root = tiny_run
+    part = _interrupted_cache(model, root, tmp_path / "part", shards=2)  # 2 of the set's 4 shards of 7
+    bar = tqdm(total=12, file=io.StringIO())
+    build_cache(Target(model), root / "data", part, (-1,), -1, teacher_topk=8, per_shard=7, bar=bar)  # resumed
+    assert (bar.n, bar.initial) == (4, 2)
+    build_cache(Target(model), root / "data", part, (-1,), -1, teacher_topk=8, per_shard=7, bar=bar)  # whole already
+    assert (bar.n, bar.initial) == (8, 6)
+    build_cache(Target(model), root / "data", tmp_path / "new", (-1,), -1, teacher_topk=8, per_shard=7, bar=bar)
+    assert (bar.n, bar.initial) == (12, 6) and "12/12" in bar.__str__() and not bar.disable
+    assert load_cache(part).refs and len(load_cache(tmp_path / "new")) == len(load_cache(part))
+
+
 def test_online_reads_the_samples_a_cache_holds_and_computes_only_the_rest(tiny_run, tmp_path):
     """`--online` over a set that a smaller run cached in part (another shard size, interrupted):
     the first samples come from that cache's shards, the rest from the target, and every sample

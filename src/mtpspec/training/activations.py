@@ -36,6 +36,7 @@ from ..errors import DataError
 from .shards import DataRef, read_manifest
 
 MANIFEST = "activations.json"
+PER_SHARD = 64  # samples a cache shard holds
 NO_TEACHER = -1e4  # a prompt row's teacher log-probs: no loss term reads them (`activations`)
 
 
@@ -51,18 +52,22 @@ class Sample:
 
 
 def build_cache(target: Target, data: str | Path | DataRef, cache_dir: str | Path, hidden_layers: tuple[int, ...],
-                kv_layer: int, teacher_topk: int = 32, max_len: int = 768, per_shard: int = 64,
-                progress: bool = True) -> dict[str, Any]:
+                kv_layer: int, teacher_topk: int = 32, max_len: int = 768, per_shard: int = PER_SHARD,
+                progress: bool = True, bar: tqdm | None = None) -> dict[str, Any]:
     """Cache the target's activations on `data` (a data directory or its first N shards) in
     cache_dir. Resumable, and a cache only grows: once the set has grown, only its new samples are
-    computed, and a cache that already covers a prefix of the set is used as it is."""
+    computed, and a cache that already covers a prefix of the set is used as it is.
+
+    bar: a progress bar shared by several sets (`train_on_data`: one bar over all of a run's
+    shards, so that a build of hours shows one remaining time): this set's shards are added to it,
+    those already cached as its starting count (its rate counts only the shards computed)."""
     ref = DataRef.parse(data)
     samples = ref.samples()
     out = Path(cache_dir)
     out.mkdir(parents=True, exist_ok=True)
     kv = target.layer_index(kv_layer)
     settings = cache_settings(target, ref, hidden_layers, kv_layer, teacher_topk, max_len, per_shard)
-    n_shards = (len(samples) + per_shard - 1) // per_shard
+    n_shards = cache_shards(len(samples), per_shard)
     mpath = out / MANIFEST
     done = 0
     if mpath.is_file():
@@ -70,13 +75,20 @@ def build_cache(target: Target, data: str | Path | DataRef, cache_dir: str | Pat
         if old["settings"] != settings:
             raise DataError(f"{out} holds activations for other settings; delete it or use another --out.")
         if _covered(old) >= len(samples):
+            if bar is not None:
+                _skip(bar, n_shards)
             return old  # samples come in the same order: the first len(samples) are cached already
         # The data set may have grown since (more shards from `mtpspec data`): its samples come in
         # the same order, so every full shard stays valid and only the rest is computed.
         done = min(old["num_shards"], old.get("num_samples", 0) // per_shard, len(samples) // per_shard)
         if old.get("num_samples") == len(samples):
             done = old["num_shards"]  # the same data: resume an interrupted build, or nothing to do
-    bar = tqdm(total=n_shards, initial=done, desc="caching target activations", unit="shard", disable=not progress)
+    own = bar is None
+    if bar is None:
+        bar = tqdm(total=n_shards, initial=done, desc="caching target activations", unit="shard", disable=not progress)
+    else:
+        _skip(bar, done)
+        bar.set_postfix_str(ref.path.name, refresh=False)
     for s in range(done, n_shards):
         tensors: dict[str, torch.Tensor] = {}
         for i, (ids, pl) in enumerate(samples[s * per_shard:(s + 1) * per_shard]):
@@ -86,8 +98,25 @@ def build_cache(target: Target, data: str | Path | DataRef, cache_dir: str | Pat
         mpath.write_text(json.dumps({"settings": settings, "num_samples": len(samples), "num_shards": s + 1,
                                      "total_shards": n_shards}))
         bar.update(1)
-    bar.close()
+    if own:
+        bar.close()
     return json.loads(mpath.read_text())
+
+
+def _skip(bar: tqdm, n: int) -> None:
+    """Count n shards found cached on a shared bar as if it had started with them (tqdm's
+    `initial`), so its rate and remaining time count only the shards computed."""
+    if bar.disable:  # a disabled tqdm keeps no counts
+        return
+    bar.initial += n
+    bar.n += n
+    bar.last_print_n += n
+    bar.refresh()
+
+
+def cache_shards(n_samples: int, per_shard: int = PER_SHARD) -> int:
+    """How many shards `build_cache` writes for a set of n samples."""
+    return -(-n_samples // per_shard)
 
 
 def cache_settings(target: Target, ref: DataRef, hidden_layers: tuple[int, ...], kv_layer: int, teacher_topk: int,

@@ -43,7 +43,7 @@ from ..core.target import Target
 from ..errors import DataError, InputError
 from ..models import load_target
 from ..pretrained import load_head, load_head_config
-from .activations import MANIFEST, Sample, Samples, Shard, build_cache, load_cache, online_samples, token_frequencies
+from .activations import MANIFEST, Sample, Samples, Shard, build_cache, cache_shards, load_cache, online_samples, token_frequencies
 from .assistant import ASSISTANT_DIR, AssistantObjective, new_assistant
 from .devices import autocast, process_group_backend, resolve_device, to_device
 from .shards import DataRef
@@ -771,8 +771,10 @@ def train_on_data(data_dirs: Sequence[str | Path | DataRef], out_dir: str | Path
         if rank == 0:
             cache_target = Target(load_target(target_name, cache_dtype).model.to(dev))
             check_draft_model_init(cache_target.config, cfg)
-            for ref, cache_dir in zip(refs, cache_dirs):
-                build_cache(cache_target, ref, cache_dir, hc.hidden_layers, hc.kv_layer, teacher_topk, progress=progress)
+            with tqdm(total=sum(cache_shards(n) for n in sizes), desc="caching target activations", unit="shard",
+                      disable=not progress) as bar:  # one bar, one remaining time, for every set
+                for ref, cache_dir in zip(refs, cache_dirs):
+                    build_cache(cache_target, ref, cache_dir, hc.hidden_layers, hc.kv_layer, teacher_topk, bar=bar)
             del cache_target
         if world > 1:
             dist.barrier()
