@@ -9,7 +9,7 @@ replaying the run's own batch order over its cache; `count` makes it while the c
 
     python reports/training/data-curve/plot.py count RUN_DIR REPORT_DIR      # e.g. runs/all5-e1 reports/training/data-curve/run-5m
     python reports/training/data-curve/plot.py OUT_DIR REPORT_DIR [REPORT_DIR ...]
-    cd reports/training/data-curve && python plot.py . run run-full run-5m      # the curve as committed
+    cd reports/training/data-curve && python plot.py . run run-full run-5m run-10m   # the curve as committed
 
 Writes OUT_DIR/curve.md (one pair of tables per run) and OUT_DIR/curve.png: a bold line through
 the runs' annealed ends (the curve), each run's earlier stops faint. The decoded sets are the same

@@ -1,4 +1,4 @@
-# The 5M point's data and training flags, shared by run-5m.sh and run-5m-more.sh (sourced; needs T).
+# The 5M point's data and training flags, shared by run-5m.sh and run-more.sh 5m (sourced; needs T).
 # All 14 kept sets whole (33,398 samples, 5.22M response tokens as of 2026-12-04) and the shipped
 # head's epoch-1 flags (src/mtpspec/pretrained/smollm2-135m-instruct/RECIPE.md).
 D=datasets/smollm2-135m-instruct
