@@ -22,8 +22,6 @@ EXTRA=""; EVAL=${EVAL_EVERY:-400}
 [ -f $R/head/mtp_head.safetensors ] || mtpspec train $DATA --out $R --draft-vocab-size 8192 --lr 2e-3 --eval-every $EVAL \
   $FLAGS $EXTRA $RESUME
 mkdir -p $O && cp $R/metrics.jsonl $O/
-A="mtpspec acceptance --head $R/head -n 64 --threads $T"
-$A -k 4 --out $O/stepend-builtin.json
-$A --prompts reports/training/everyday/ondevice-people-48.jsonl -k 4 --out $O/stepend-people.json
-$A --prompts ../shared/data/spec_bench/question.jsonl --limit 48 -k 6 --out $O/stepend-specbench.json
+source reports/training/data-curve/decode.sh
+decode_sets $R/head $O stepend
 [ "${ONLINE:-0}" = 1 ] || python reports/training/data-curve/plot.py count $R $O   # seen.json: needs the cache

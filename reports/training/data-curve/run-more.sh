@@ -18,7 +18,5 @@ mkdir -p $R && (cd $R && for a in ../$N-e1/activations*; do [ -e $(basename $a) 
 RESUME=""; [ -f $R/checkpoint.pt ] && RESUME="--resume"
 [ -f $R/head/mtp_head.safetensors ] || mtpspec train $DATA --out $R --init-head $P/head --lr 1e-3 --eval-every 400 $FLAGS $RESUME
 mkdir -p $O && cp $R/metrics.jsonl $O/
-A="mtpspec acceptance --head $R/head -n 64 --threads $T"
-$A -k 4 --out $O/end-builtin.json
-$A --prompts reports/training/everyday/ondevice-people-48.jsonl -k 4 --out $O/end-people.json
-$A --prompts ../shared/data/spec_bench/question.jsonl --limit 48 -k 6 --out $O/end-specbench.json
+source reports/training/data-curve/decode.sh
+decode_sets $R/head $O end
