@@ -23,5 +23,6 @@ EXTRA=""; EVAL=${EVAL_EVERY:-400}
   $FLAGS $EXTRA $RESUME
 mkdir -p $O && cp $R/metrics.jsonl $O/
 source reports/training/data-curve/decode.sh
+keep_head $R $O
 decode_sets $R/head $O stepend
 [ "${ONLINE:-0}" = 1 ] || python reports/training/data-curve/plot.py count $R $O   # seen.json: needs the cache

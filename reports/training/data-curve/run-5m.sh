@@ -12,5 +12,6 @@ RESUME=""; [ -f $R/checkpoint.pt ] && RESUME="--resume"
 [ -f $R/head/mtp_head.safetensors ] || mtpspec train $DATA --out $R --draft-vocab-size 8192 --lr 2e-3 --eval-every 200 $FLAGS $RESUME
 mkdir -p $O && cp $R/metrics.jsonl $O/
 source reports/training/data-curve/decode.sh
+keep_head $R $O
 decode_sets $R/head $O stepend
 python reports/training/data-curve/plot.py count $R $O   # seen.json: the response tokens trained on at each point
