@@ -1,18 +1,18 @@
 #!/bin/bash
-# Further epochs of a curve point (run-5m.sh, run-10m.sh): epoch E (2, 3, ...) from the head of
+# Further epochs of a curve point (run-5m.sh, run-10m.sh, run-20m.sh): epoch E (2, 3, ...) from the head of
 # epoch E-1 over the same cache (symlinked from runs/allN-e1), at half the learning rate, as the
 # shipped head's RECIPE.md steps 6-7 did for 3.62M tokens; then decoded as the curve's other points.
 # Resumable like the first epoch: rerun the same command (training resumes from $R/checkpoint.pt).
 # On a new machine (no runs/): it starts from the head epoch E-1 kept in its report folder
 # (keep_head, decode.sh) and, with no cache to link, trains online (`mtpspec train --online`: the
 # target's forwards inside the loop, ~3x an epoch's cost; held-out only at the end).
-# Usage: [THREADS=2] bash reports/training/data-curve/run-more.sh POINT E   # POINT 5m or 10m; e.g. 10m 2
+# Usage: [THREADS=2] bash reports/training/data-curve/run-more.sh POINT E   # POINT 5m, 10m or 20m; e.g. 10m 2
 #   5m: ~1 h an epoch on 2 threads (2,003 steps); 10m: ~2 h (3,829 steps; its cache is 37 GB)
 set -e
-PT=${1:?usage: run-more.sh POINT EPOCH   (POINT: 5m or 10m; EPOCH: 2 or more)}
-E=${2:?usage: run-more.sh POINT EPOCH   (POINT: 5m or 10m; EPOCH: 2 or more)}; T=${THREADS:-2}
+PT=${1:?usage: run-more.sh POINT EPOCH   (POINT: 5m, 10m or 20m; EPOCH: 2 or more)}
+E=${2:?usage: run-more.sh POINT EPOCH   (POINT: 5m, 10m or 20m; EPOCH: 2 or more)}; T=${THREADS:-2}
 S=reports/training/data-curve/sets-$PT.sh
-[ -f $S ] || { echo "no $S: POINT is 5m or 10m"; exit 2; }
+[ -f $S ] || { echo "no $S: POINT is 5m, 10m or 20m"; exit 2; }
 [ "$E" -ge 2 ] || { echo "EPOCH must be 2 or more (epoch 1 is run-$PT.sh)"; exit 2; }
 N=all${PT%m}; P=runs/$N-e$((E-1)); R=runs/$N-e$E; O=reports/training/data-curve/run-$PT-e$E
 PO=reports/training/data-curve/run-$PT; [ "$E" -gt 2 ] && PO=$PO-e$((E-1))
