@@ -1,4 +1,5 @@
-# The curve's decoding protocol (and keep_head), shared by run-5m.sh, run-10m.sh and run-more.sh (sourced):
+# The curve's decoding protocol (and keep_head), shared by run-5m.sh, run-10m.sh,
+# run-20m.sh and run-more.sh (sourced):
 # decode_sets HEAD OUT PREFIX writes OUT/PREFIX-{builtin,people,specbench}.json (greedy, 64 new
 # tokens): the built-in 24 at k = 4, people 48 at k = 4, Spec-Bench's first 48 at k = 6. Needs T.
 decode_sets() {

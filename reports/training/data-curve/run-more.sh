@@ -5,7 +5,7 @@
 # Resumable like the first epoch: rerun the same command (training resumes from $R/checkpoint.pt).
 # On a new machine (no runs/): it starts from the head epoch E-1 kept in its report folder
 # (keep_head, decode.sh) and, with no cache to link, trains online (`mtpspec train --online`: the
-# target's forwards inside the loop, ~3x an epoch's cost; held-out only at the end).
+# target's forwards inside the loop, ~4x a cached epoch's time at 10M; held-out only at the end).
 # Usage: [THREADS=2] bash reports/training/data-curve/run-more.sh POINT E   # POINT 5m, 10m or 20m; e.g. 10m 2
 #   5m: ~1 h an epoch on 2 threads (2,003 steps); 10m: ~2 h (3,829 steps; its cache is 37 GB)
 set -e
