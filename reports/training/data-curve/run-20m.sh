@@ -3,9 +3,10 @@
 # tokens (sets-20m.sh), the other points' flags, then decoded as they were.
 # Online (`mtpspec train --online`): a 20M cache would be ~75 GB, so the target's forwards run in the
 # training loop; CACHE_FROM=runs/all10-e1 reads every sample a 10M cache there holds instead.
-# Cost on this project's 2-core CPUs: ~37M tokens of forwards at ~1,000 a second (~10 h) and ~7,700
-# steps (~2 s each, ~4-5 h): several sessions, and only $R/checkpoint.pt (40 MB) carries a
-# part-trained run over; on a new machine it starts again. The finished head is kept in $O/head.
+# Cost on this project's 2-core CPUs: 7,643 steps over ~37M tokens of forwards, ~10 s a step online
+# (2026-12-08, a Zen 4 EPYC, 2 threads, nothing else running), ~21 h: many sessions, and only
+# $R/checkpoint.pt (40 MB) carries a part-trained run over; on a new machine it starts again. The
+# finished head is kept in $O/head.
 # Usage: [THREADS=2] [CACHE_FROM=runs/all10-e1] bash reports/training/data-curve/run-20m.sh
 set -e
 T=${THREADS:-2}; R=${R:-runs/all20-e1}; O=${O:-reports/training/data-curve/run-20m}
